@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the guest kernel (vmlinux, ELF with a PVH note) from Debian's linux-source-6.1
+# with tinyconfig + guest/kernel.fragment. Cached outside the repo by the hash of the
+# fragment and the source tarball; prints the path of the cached vmlinux.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+SRC_TAR=/usr/src/linux-source-6.1.tar.xz
+CACHE=${KATA_GUEST_CACHE:-/var/cache/kata-guest}
+[ -f "$SRC_TAR" ] || { echo "build-kernel: $SRC_TAR missing; run scripts/setup-host.sh" >&2; exit 1; }
+
+key=$( (sha256sum "$here/kernel.fragment" "$here/build-kernel.sh" | cut -d' ' -f1; stat -c %s "$SRC_TAR") | sha256sum | cut -c1-16)
+out="$CACHE/kernel-$key"
+if [ -f "$out/vmlinux" ]; then
+    echo "$out/vmlinux"
+    exit 0
+fi
+mkdir -p "$CACHE"
+work="$CACHE/build-$key"
+rm -rf "$work"
+mkdir -p "$work"
+echo "build-kernel: building guest kernel $key (several minutes)" >&2
+tar -xf "$SRC_TAR" -C "$work"
+ksrc="$work/linux-source-6.1"
+cd "$ksrc"
+make -s tinyconfig >&2
+./scripts/kconfig/merge_config.sh -m .config "$here/kernel.fragment" >/dev/null
+make -s olddefconfig >&2
+# Every fragment option must have survived olddefconfig (a missing dependency drops it).
+missing=0
+while IFS= read -r line; do
+    case "$line" in CONFIG_*=y) grep -qx "$line" .config || { echo "build-kernel: $line did not stick" >&2; missing=1; } ;; esac
+done <"$here/kernel.fragment"
+[ $missing = 0 ] || { echo "build-kernel: fix guest/kernel.fragment (dependencies above)" >&2; exit 1; }
+make -s -j"$(nproc)" vmlinux >&2
+mkdir -p "$out.tmp"
+cp vmlinux "$out.tmp/vmlinux"
+cp .config "$out.tmp/config"
+make -s kernelrelease >"$out.tmp/release"
+rm -rf "$out"
+mv "$out.tmp" "$out"
+cd /
+rm -rf "$work"
+echo "$out/vmlinux"

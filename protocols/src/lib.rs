@@ -1,0 +1,26 @@
+//! The agent API shared by the shim (client) and kata-agent (server).
+//!
+//! `agent` holds the messages and `agent_ttrpc` the async ttrpc client and server, both
+//! generated at build time from `protos/agent.proto`.
+
+#[allow(clippy::all, unused_mut, unused_imports, unknown_lints, unused_attributes, non_upper_case_globals, non_camel_case_types, unused_results)]
+#[rustfmt::skip]
+pub mod agent {
+    include!(concat!(env!("OUT_DIR"), "/agent.rs"));
+}
+
+#[allow(clippy::all, unused_mut, unused_imports, unknown_lints, unused_attributes, non_upper_case_globals, non_camel_case_types, unused_results)]
+#[rustfmt::skip]
+pub mod agent_ttrpc {
+    include!(concat!(env!("OUT_DIR"), "/agent_ttrpc.rs"));
+}
+
+/// The vsock port kata-agent serves its ttrpc API on (Kata's port).
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// The virtio-fs tag of the per-sandbox share.
+pub const SHARED_FS_TAG: &str = "kataShared";
+
+/// Where the guest mounts the virtio-fs share; container `<id>` has its rootfs at
+/// `<GUEST_SHARED_DIR>/<id>/rootfs`.
+pub const GUEST_SHARED_DIR: &str = "/run/kata-containers/shared/containers";
