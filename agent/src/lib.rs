@@ -1,1 +1,20 @@
+//! kata-agent: PID 1 of the sandbox VM. It mounts the guest's base file systems, serves
+//! the ttrpc AgentService (protocols/protos/agent.proto) on vsock port 1024, and runs OCI
+//! containers whose rootfs arrives over virtio-fs.
+//!
+//! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
+//! (launch via the re-executed `stage`) → `stdio`, `reaper`, `cgroup`; `init` holds the
+//! PID 1 duties.
 
+pub mod cgroup;
+pub mod container;
+pub mod error;
+pub mod init;
+pub mod logging;
+pub mod process;
+pub mod reaper;
+pub mod rpc;
+pub mod sandbox;
+pub mod spec;
+pub mod stage;
+pub mod stdio;

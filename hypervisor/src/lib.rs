@@ -1,1 +1,40 @@
+//! `hypervisor`: runs a sandbox's virtual machine.
+//!
+//! Read this first. The [`Hypervisor`] trait is the seam between the shim and a VMM
+//! backend: `start_vm` brings up the VM with virtio-fs (tag `kataShared`) and a hybrid
+//! vsock socket for the agent, `stop_vm` tears everything down, and `pids` lists the
+//! processes to clean up after a crash (see [`kill_and_reap`]).
+//!
+//! Backends: [`qemu`] spawns `qemu-system-x86_64 -M microvm` with `virtiofsd` and
+//! `vhost-device-vsock` as vhost-user helpers. A builtin KVM VMM is to come.
+//! [`accel`] decides between KVM and TCG. [`process`] spawns, watches and reaps helper
+//! processes by pid, without relying on `Child::wait` (the shim runs a global SIGCHLD
+//! reaper).
+//!
+//! This crate touches only the sandbox's run directory, the processes it started, and
+//! the accelerator probe cache under `/run/kata-containers/`.
 
+pub mod accel;
+mod error;
+pub mod process;
+pub mod qemu;
+mod vm;
+
+pub use error::Error;
+pub use process::kill_and_reap;
+pub use vm::{Hypervisor, VmConfig, VmInfo};
+
+/// The virtio-fs tag the guest mounts the shared directory by.
+pub const SHARED_FS_TAG: &str = "kataShared";
+/// The guest vsock port the agent listens on.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// The backend the configuration selects. `logger` should carry the sandbox id.
+pub fn new_hypervisor(cfg: &kata_config::Config, logger: slog::Logger) -> Box<dyn Hypervisor> {
+    Box::new(qemu::Qemu::new(cfg.hypervisor.qemu.clone(), logger))
+}
+
+/// A logger that drops everything, for callers that have none.
+pub fn discard_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}

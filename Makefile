@@ -1,0 +1,65 @@
+# Kata-style VM sandbox runtime. `make demo` and `make test` set up everything they need
+# on a Debian bookworm host (as root); caches live outside the repo.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+TARGET := x86_64-unknown-linux-gnu
+AGENT_BIN := target/$(TARGET)/release/kata-agent
+SHIM_BIN := target/release/containerd-shim-kata-v2
+GUEST_CACHE ?= /var/cache/kata-guest
+INITRD := $(GUEST_CACHE)/kata-initrd.img
+IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
+PREFIX ?= /usr/local
+DEMO_DIR ?= /tmp/kata-demo
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+.PHONY: all setup build agent shim guest kernel initrd image install demo test unit-test e2e-test lint clean-demo
+
+all: build
+
+setup:
+	bash scripts/setup-host.sh
+
+shim:
+	$(CARGO) build --release -p shim
+
+agent:
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p kata-agent --target $(TARGET)
+
+build: shim agent
+
+kernel: setup
+	@bash guest/build-kernel.sh >/dev/null
+
+initrd: agent
+	bash guest/build-initrd.sh $(AGENT_BIN) $(INITRD)
+
+image:
+	@mkdir -p $(GUEST_CACHE)
+	bash scripts/busybox-image.sh $(IMAGE_TAR)
+
+guest: kernel initrd
+
+# Installs the runtime where containerd and the default configuration expect it.
+install: build guest
+	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
+	install -D -m 0644 "$$(bash guest/build-kernel.sh)" /usr/share/kata-containers/vmlinux
+	install -D -m 0644 $(INITRD) /usr/share/kata-containers/kata-initrd.img
+	install -D -m 0644 config/configuration.toml /usr/share/defaults/kata-containers/configuration.toml
+
+# README command 1: a container in a VM through a private containerd.
+demo: setup install image
+	bash scripts/demo.sh $(DEMO_DIR) $(IMAGE_TAR)
+
+# README command 2: every test, unit and end-to-end.
+test: setup build guest image
+	KATA_TEST_KERNEL="$$(bash guest/build-kernel.sh)" \
+	KATA_TEST_INITRD=$(INITRD) \
+	KATA_TEST_SHIM_DIR=$(CURDIR)/target/release \
+	KATA_TEST_IMAGE=$(IMAGE_TAR) \
+	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN) \
+	$(CARGO) test --workspace -- --test-threads=2
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings

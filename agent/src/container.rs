@@ -1,0 +1,166 @@
+//! One container: its init process, exec'd processes, cgroup, and the start handshake.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use slog::{warn, Logger};
+use tokio::sync::Mutex;
+
+use crate::cgroup;
+use crate::error::{AgentError, Result};
+use crate::process::{self, Process};
+
+/// What StartContainer needs: the start pipe and the sync socket that reports whether
+/// the init process's exec succeeded.
+pub struct PendingStart {
+    pub start: OwnedFd,
+    pub sync: OwnedFd,
+}
+
+pub struct Container {
+    pub id: String,
+    pub init: Arc<Process>,
+    pub cgroup: Option<PathBuf>,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+    pending: Mutex<Option<PendingStart>>,
+}
+
+impl Container {
+    pub fn new(
+        id: &str,
+        init: Process,
+        cgroup: Option<PathBuf>,
+        pending: PendingStart,
+    ) -> Container {
+        Container {
+            id: id.to_string(),
+            init: Arc::new(init),
+            cgroup,
+            execs: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Some(pending)),
+        }
+    }
+
+    /// Lets the init process exec; fails with the init process's own error if exec fails.
+    pub async fn start(&self, log: &Logger) -> Result<()> {
+        let pending = self.pending.lock().await.take().ok_or_else(|| {
+            AgentError::FailedPrecondition(format!("container {} was already started", self.id))
+        })?;
+        nix::unistd::write(&pending.start, b"s")
+            .map_err(|e| AgentError::Internal(format!("start container {}: {e}", self.id)))?;
+        drop(pending.start);
+        process::wait_exec(log, pending.sync)
+            .await
+            .map_err(AgentError::FailedPrecondition)
+    }
+
+    pub async fn is_started(&self) -> bool {
+        self.pending.lock().await.is_none()
+    }
+
+    /// The process with `exec_id` ("" = init).
+    pub async fn process(&self, exec_id: &str) -> Result<Arc<Process>> {
+        if exec_id.is_empty() {
+            return Ok(self.init.clone());
+        }
+        self.execs
+            .lock()
+            .await
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| {
+                AgentError::NotFound(format!("container {} has no process {exec_id}", self.id))
+            })
+    }
+
+    pub async fn has_exec(&self, exec_id: &str) -> bool {
+        self.execs.lock().await.contains_key(exec_id)
+    }
+
+    /// Records an exec'd process; fails if the id was taken meanwhile.
+    pub async fn add_exec(&self, process: Arc<Process>) -> Result<()> {
+        let mut execs = self.execs.lock().await;
+        if execs.contains_key(&process.exec_id) {
+            return Err(AgentError::AlreadyExists(format!(
+                "container {} already has a process {}",
+                self.id, process.exec_id
+            )));
+        }
+        execs.insert(process.exec_id.clone(), process);
+        Ok(())
+    }
+
+    /// Guest pids of every process in the container.
+    pub async fn pids(&self) -> Vec<i32> {
+        if let Some(dir) = &self.cgroup {
+            if let Ok(pids) = cgroup::pids(dir) {
+                return pids;
+            }
+        }
+        let mut pids = Vec::new();
+        let execs = self.execs.lock().await;
+        for p in std::iter::once(&self.init).chain(execs.values()) {
+            if p.exit_status().is_none() {
+                pids.push(p.pid);
+            }
+        }
+        pids
+    }
+
+    /// Sends `signal` to one process, or to all of the container's processes.
+    pub async fn signal(&self, exec_id: &str, signal: Signal, all: bool) -> Result<()> {
+        let targets = if all {
+            self.pids().await
+        } else {
+            vec![self.process(exec_id).await?.pid]
+        };
+        let process = self.process(exec_id).await?;
+        if !all && process.exit_status().is_some() {
+            return Ok(()); // containerd signals exited processes; that is not an error
+        }
+        for pid in targets {
+            match kill(Pid::from_raw(pid), signal) {
+                Ok(()) | Err(nix::Error::ESRCH) => {}
+                Err(e) => {
+                    return Err(AgentError::Internal(format!(
+                        "signal {signal} to pid {pid}: {e}"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the container, waits for the init process, and removes
+    /// the cgroup. The mounts live in the container's mount namespace and go with it.
+    pub async fn destroy(&self, log: &Logger) {
+        self.pending.lock().await.take();
+        if self.init.exit_status().is_none() {
+            // Killing the pid namespace's init kills everything else in it.
+            let _ = kill(Pid::from_raw(self.init.pid), Signal::SIGKILL);
+        }
+        for pid in self.pids().await {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let timeout = std::time::Duration::from_secs(10);
+        if tokio::time::timeout(timeout, self.init.wait())
+            .await
+            .is_err()
+        {
+            warn!(log, "container init did not exit after SIGKILL"; "container_id" => &self.id);
+        }
+        let execs: Vec<_> = self.execs.lock().await.values().cloned().collect();
+        for p in execs {
+            let _ = tokio::time::timeout(timeout, p.wait()).await;
+        }
+        if let Some(dir) = &self.cgroup {
+            if let Err(e) = cgroup::remove(dir).await {
+                warn!(log, "cannot remove cgroup"; "path" => %dir.display(), "error" => %e);
+            }
+        }
+    }
+}

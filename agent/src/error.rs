@@ -1,0 +1,32 @@
+//! The agent's error type, mapped onto ttrpc status codes a caller can act on.
+
+use ttrpc::{get_status, Code};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, AgentError>;
+
+impl From<AgentError> for ttrpc::Error {
+    fn from(e: AgentError) -> ttrpc::Error {
+        let code = match &e {
+            AgentError::NotFound(_) => Code::NOT_FOUND,
+            AgentError::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            AgentError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
+            AgentError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            AgentError::Internal(_) => Code::INTERNAL,
+        };
+        ttrpc::Error::RpcStatus(get_status(code, e.to_string()))
+    }
+}

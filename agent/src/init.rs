@@ -1,0 +1,171 @@
+//! PID 1 duties in the guest: the base file systems, cgroup v2, the shared virtio-fs
+//! directory, and ending the VM (sync + reset) on destroy or on a fatal error.
+
+use std::fs;
+use std::path::Path;
+
+use nix::mount::{mount, MsFlags};
+use nix::sys::reboot::{reboot, RebootMode};
+use slog::{crit, Logger};
+
+use crate::cgroup::CgroupRoot;
+
+struct BaseMount {
+    source: &'static str,
+    target: &'static str,
+    fstype: &'static str,
+    flags: MsFlags,
+    data: Option<&'static str>,
+}
+
+fn base_mounts() -> [BaseMount; 8] {
+    let nse = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    [
+        BaseMount {
+            source: "proc",
+            target: "/proc",
+            fstype: "proc",
+            flags: nse,
+            data: None,
+        },
+        BaseMount {
+            source: "sysfs",
+            target: "/sys",
+            fstype: "sysfs",
+            flags: nse,
+            data: None,
+        },
+        BaseMount {
+            source: "devtmpfs",
+            target: "/dev",
+            fstype: "devtmpfs",
+            flags: MsFlags::MS_NOSUID,
+            data: Some("mode=0755"),
+        },
+        BaseMount {
+            source: "devpts",
+            target: "/dev/pts",
+            fstype: "devpts",
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            data: Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+        },
+        BaseMount {
+            source: "shm",
+            target: "/dev/shm",
+            fstype: "tmpfs",
+            flags: nse,
+            data: Some("mode=1777"),
+        },
+        BaseMount {
+            source: "tmpfs",
+            target: "/run",
+            fstype: "tmpfs",
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            data: Some("mode=0755"),
+        },
+        BaseMount {
+            source: "tmpfs",
+            target: "/tmp",
+            fstype: "tmpfs",
+            flags: MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            data: Some("mode=1777"),
+        },
+        BaseMount {
+            source: "cgroup2",
+            target: "/sys/fs/cgroup",
+            fstype: "cgroup2",
+            flags: nse,
+            data: None,
+        },
+    ]
+}
+
+/// Mounts the guest's base file systems. Runs before logging exists (the console is on
+/// devtmpfs), so it returns the first error for the caller to log.
+pub fn mount_base() -> Result<(), String> {
+    for m in base_mounts() {
+        fs::create_dir_all(m.target).map_err(|e| format!("create {}: {e}", m.target))?;
+        mount(Some(m.source), m.target, Some(m.fstype), m.flags, m.data)
+            .map_err(|e| format!("mount {} on {}: {e}", m.fstype, m.target))?;
+    }
+    if let Some(root) = CgroupRoot::detect(Path::new("/sys/fs/cgroup")) {
+        root.enable_controllers()
+            .map_err(|e| format!("enable cgroup controllers: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Mounts the sandbox's virtio-fs share where the shim put the container rootfs.
+pub fn mount_shared_dir() -> Result<(), String> {
+    let dir = protocols::GUEST_SHARED_DIR;
+    fs::create_dir_all(dir).map_err(|e| format!("create {dir}: {e}"))?;
+    mount(
+        Some(protocols::SHARED_FS_TAG),
+        dir,
+        Some("virtiofs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| format!("mount virtiofs {} on {dir}: {e}", protocols::SHARED_FS_TAG))
+}
+
+/// Ends the VM: with `reboot=t -no-reboot` a reset makes QEMU exit.
+pub fn reset_vm() -> ! {
+    nix::unistd::sync();
+    let _ = reboot(RebootMode::RB_AUTOBOOT);
+    // reboot only returns on failure; PID 1 must not exit (that panics the kernel).
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// Logs a fatal error and ends the VM instead of leaving it hanging.
+pub fn fatal(log: &Logger, msg: &str) -> ! {
+    crit!(log, "fatal error, resetting the VM"; "error" => msg);
+    reset_vm()
+}
+
+/// As PID 1, a panic must end the VM too.
+pub fn install_panic_hook(log: Logger) {
+    std::panic::set_hook(Box::new(move |info| fatal(&log, &info.to_string())));
+}
+
+/// Set in the environment of the re-executed agent once it runs from a tmpfs root.
+const SWITCHED_ENV: &str = "KATA_AGENT_ROOT_SWITCHED";
+
+/// Moves PID 1 off the initramfs onto a tmpfs root and re-executes it there.
+///
+/// The kernel's initial rootfs can never be unmounted or pivoted away from, so
+/// `pivot_root` into a container rootfs fails with EINVAL while the agent's own root is
+/// that rootfs. A tmpfs moved over `/` is an ordinary mount, and containers can pivot.
+/// Returns only if the switch was not needed or failed (the agent then carries on).
+pub fn leave_initramfs() -> Result<(), String> {
+    if std::env::var_os(SWITCHED_ENV).is_some() {
+        return Ok(());
+    }
+    let new_root = Path::new("/newroot");
+    let none: Option<&str> = None;
+    fs::create_dir_all(new_root).map_err(|e| format!("create {}: {e}", new_root.display()))?;
+    mount(Some("tmpfs"), new_root, Some("tmpfs"), MsFlags::MS_NOSUID, Some("mode=0755"))
+        .map_err(|e| format!("mount tmpfs on {}: {e}", new_root.display()))?;
+    for dir in ["proc", "sys", "dev", "run", "tmp", "etc"] {
+        fs::create_dir_all(new_root.join(dir)).map_err(|e| format!("create /newroot/{dir}: {e}"))?;
+    }
+    fs::copy("/init", new_root.join("init")).map_err(|e| format!("copy /init to the new root: {e}"))?;
+    // Free the initramfs copy; the new root holds the binary from now on.
+    let _ = fs::remove_file("/init");
+    std::env::set_current_dir(new_root).map_err(|e| format!("chdir /newroot: {e}"))?;
+    mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(|e| format!("move /newroot to /: {e}"))?;
+    nix::unistd::chroot(".").map_err(|e| format!("chroot into the new root: {e}"))?;
+    std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
+    let init = std::ffi::CString::new("/init").map_err(|e| e.to_string())?;
+    let args: Vec<std::ffi::CString> = std::env::args()
+        .filter_map(|a| std::ffi::CString::new(a).ok())
+        .collect();
+    let mut env: Vec<std::ffi::CString> = std::env::vars()
+        .filter_map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")).ok())
+        .collect();
+    env.push(std::ffi::CString::new(format!("{SWITCHED_ENV}=1")).map_err(|e| e.to_string())?);
+    let err = nix::unistd::execve(&init, &args, &env).err();
+    Err(format!("re-executing /init from the new root: {err:?}"))
+}

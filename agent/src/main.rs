@@ -1,0 +1,117 @@
+//! kata-agent's entry point. Three modes:
+//! - `kata-agent __container-stage`: the container stage (see `stage`), dispatched before
+//!   any thread exists;
+//! - PID 1 in the guest: mount, then serve on vsock port 1024;
+//! - `kata-agent --listen unix:///path.sock`: serve on the host for tests, as a child
+//!   subreaper, without mounting anything global.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kata_agent::cgroup::CgroupRoot;
+use kata_agent::rpc::AgentRpc;
+use kata_agent::sandbox::Sandbox;
+use kata_agent::stage::protocol::STAGE_ARG;
+use kata_agent::{init, logging, reaper::Reaper, stage};
+use slog::{error, info, Logger};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(STAGE_ARG) {
+        stage::main();
+    }
+    let pid1 = std::process::id() == 1;
+    let listen = match parse_listen(&args[1..]) {
+        Ok(l) => l,
+        // The kernel hands unknown cmdline words to init; PID 1 must not exit over them.
+        Err(_) if pid1 => None,
+        Err(e) => {
+            eprintln!("kata-agent: {e}\nusage: kata-agent [--listen unix:///path/to.sock]");
+            std::process::exit(2);
+        }
+    };
+    if pid1 {
+        let switched = init::leave_initramfs();
+        let mounted = init::mount_base();
+        let log = logging::logger(true);
+        init::install_panic_hook(log.clone());
+        if let Err(e) = switched {
+            slog::warn!(log, "staying on the initramfs root; containers cannot pivot_root"; "error" => e);
+        }
+        if let Err(e) = mounted.and_then(|()| init::mount_shared_dir()) {
+            init::fatal(&log, &e);
+        }
+        let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
+        if let Err(e) = serve(&log, &addr, true) {
+            init::fatal(&log, &e);
+        }
+        init::fatal(&log, "the ttrpc server stopped");
+    }
+    let log = logging::logger(false);
+    let Some(addr) = listen else {
+        error!(log, "not PID 1: pass --listen unix:///path/to.sock");
+        std::process::exit(2);
+    };
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        error!(log, "cannot become a child subreaper"; "error" => %e);
+        std::process::exit(1);
+    }
+    if let Err(e) = serve(&log, &addr, false) {
+        error!(log, "agent failed"; "error" => e);
+        std::process::exit(1);
+    }
+}
+
+fn parse_listen(args: &[String]) -> Result<Option<String>, String> {
+    match args {
+        [] => Ok(None),
+        [flag, addr] if flag == "--listen" => Ok(Some(addr.clone())),
+        _ => Err(format!("unexpected arguments {args:?}")),
+    }
+}
+
+fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start tokio runtime: {e}"))?;
+    rt.block_on(async {
+        let reaper =
+            Reaper::start(log.clone()).map_err(|e| format!("install SIGCHLD handler: {e}"))?;
+        let cgroups = CgroupRoot::detect(Path::new("/sys/fs/cgroup"));
+        let sandbox = Arc::new(Sandbox::new(log.clone(), reaper, cgroups));
+        let on_destroy: fn() = if pid1 {
+            || init::reset_vm()
+        } else {
+            || std::process::exit(0)
+        };
+        let service = Arc::new(AgentRpc {
+            sandbox: sandbox.clone(),
+            on_destroy,
+        });
+        if let Some(path) = addr.strip_prefix("unix://") {
+            let _ = std::fs::remove_file(path);
+        }
+        let mut server = ttrpc::r#async::Server::new()
+            .bind(addr)
+            .map_err(|e| format!("listen on {addr}: {e}"))?
+            .register_service(protocols::agent_ttrpc::create_agent_service(service));
+        server
+            .start()
+            .await
+            .map_err(|e| format!("start ttrpc server on {addr}: {e}"))?;
+        info!(log, "serving the agent API"; "address" => addr);
+
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("install SIGTERM handler: {e}"))?;
+        if pid1 {
+            std::future::pending::<()>().await;
+        }
+        term.recv().await;
+        info!(log, "SIGTERM: removing containers and exiting");
+        sandbox.destroy().await;
+        let _ = server.shutdown().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,267 @@
+//! A process inside a container (the init process or an exec'd one): how the agent
+//! launches it through the container stage, its stdio, and its exit status.
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use nix::fcntl::OFlag;
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::pipe2;
+use slog::{info, Logger};
+use tokio::sync::Mutex;
+
+use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
+use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, STAGE_ARG};
+use crate::stdio::{self, OutputStream, SharedFd};
+
+/// A launched container process.
+pub struct Process {
+    pub exec_id: String,
+    pub pid: i32,
+    exit: ExitReceiver,
+    stdin: Mutex<Option<SharedFd>>,
+    pub stdout: OutputStream,
+    pub stderr: Option<OutputStream>,
+    /// The pty master, when the process has a terminal.
+    pub tty: Option<SharedFd>,
+}
+
+/// What [`launch`] hands back besides the process: the sync socket (to learn whether
+/// exec succeeded) and, for a new container, the start pipe.
+pub struct Launched {
+    pub process: Process,
+    pub sync: OwnedFd,
+    pub start: Option<OwnedFd>,
+}
+
+impl Process {
+    /// Waits until the process has been reaped.
+    pub async fn wait(&self) -> ExitStatus {
+        let mut rx = self.exit.clone();
+        let status = rx.wait_for(|s| s.is_some()).await.map(|s| *s);
+        match status {
+            Ok(s) => s.unwrap_or(-1),
+            Err(_) => -1, // the reaper is gone; cannot happen while the agent runs
+        }
+    }
+
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        *self.exit.borrow()
+    }
+
+    pub async fn write_stdin(&self, data: &[u8]) -> std::io::Result<()> {
+        let stdin = self.stdin.lock().await.clone();
+        match stdin {
+            Some(fd) => stdio::write_all(&fd, data).await,
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "stdin is closed",
+            )),
+        }
+    }
+
+    pub async fn close_stdin(&self) -> std::io::Result<()> {
+        let stdin = self.stdin.lock().await.take();
+        if let (Some(fd), true) = (stdin, self.tty.is_some()) {
+            // A terminal has no half-close: send the EOF character (^D) instead.
+            stdio::write_all(&fd, b"\x04").await?;
+        }
+        Ok(())
+    }
+}
+
+/// Launches the stage with `config`; returns once the container process exists (its pid
+/// known and registered with the reaper) and, in create mode, is ready to start.
+pub async fn launch(
+    log: &Logger,
+    reaper: &Reaper,
+    exec_id: &str,
+    config: StageConfig,
+    terminal: bool,
+    with_stdin: bool,
+    with_start: bool,
+) -> Result<Launched, String> {
+    let io_err = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    let (config_r, config_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("config pipe", &e))?;
+    let (sync_agent, sync_stage) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| io_err("sync socket", &e))?;
+    let start = if with_start {
+        Some(pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("start pipe", &e))?)
+    } else {
+        None
+    };
+
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg(STAGE_ARG);
+    let (stdout, stderr, stdin_w, tty);
+    if terminal {
+        let pty = nix::pty::openpty(None, None).map_err(|e| io_err("openpty", &e))?;
+        let slave = pty.slave;
+        cmd.stdin(Stdio::from(
+            slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
+        ));
+        cmd.stdout(Stdio::from(
+            slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
+        ));
+        cmd.stderr(Stdio::from(slave));
+        let master = stdio::async_fd(pty.master).map_err(|e| io_err("pty master", &e))?;
+        stdout = master.clone();
+        stderr = None;
+        stdin_w = with_stdin.then(|| master.clone());
+        tty = Some(master);
+    } else {
+        let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stdout pipe", &e))?;
+        let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stderr pipe", &e))?;
+        cmd.stdout(Stdio::from(out_w));
+        cmd.stderr(Stdio::from(err_w));
+        if with_stdin {
+            let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stdin pipe", &e))?;
+            cmd.stdin(Stdio::from(in_r));
+            stdin_w = Some(stdio::async_fd(in_w).map_err(|e| io_err("stdin pipe", &e))?);
+        } else {
+            cmd.stdin(Stdio::null());
+            stdin_w = None;
+        }
+        stdout = stdio::async_fd(out_r).map_err(|e| io_err("stdout pipe", &e))?;
+        stderr = Some(stdio::async_fd(err_r).map_err(|e| io_err("stderr pipe", &e))?);
+        tty = None;
+    }
+
+    let mut fds: Vec<(RawFd, RawFd)> = vec![
+        (config_r.as_raw_fd(), protocol::CONFIG_FD),
+        (sync_stage.as_raw_fd(), protocol::SYNC_FD),
+    ];
+    if let Some((start_r, _)) = &start {
+        fds.push((start_r.as_raw_fd(), protocol::START_FD));
+    }
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
+    // dup2, which are async-signal-safe; `fds` is moved in and not reallocated.
+    unsafe {
+        cmd.pre_exec(move || place_fds(&fds));
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| io_err("start container stage", &e))?;
+    info!(log, "container stage started"; "exec_id" => exec_id, "stage_pid" => child.id());
+    // The reaper owns all children: dropping `Child` does not wait for it.
+    drop(child);
+    drop((config_r, sync_stage));
+    let start_w = start.map(|(r, w)| {
+        drop(r);
+        w
+    });
+
+    let bytes = serde_json::to_vec(&config).map_err(|e| io_err("encode stage config", &e))?;
+    tokio::task::spawn_blocking(move || std::fs::File::from(config_w).write_all(&bytes))
+        .await
+        .map_err(|e| io_err("send stage config", &e))?
+        .map_err(|e| io_err("send stage config", &e))?;
+
+    let (sync, pid, exit) = handshake(log.clone(), reaper, sync_agent, with_start).await?;
+    let process = Process {
+        exec_id: exec_id.to_string(),
+        pid,
+        exit,
+        stdin: Mutex::new(stdin_w),
+        stdout: OutputStream::start(stdout),
+        stderr: stderr.map(OutputStream::start),
+        tty,
+    };
+    Ok(Launched {
+        process,
+        sync,
+        start: start_w,
+    })
+}
+
+/// Reads the stage's messages until the pid is known and, if `want_ready`, the
+/// container is set up. Registers the pid with the reaper before acknowledging it.
+async fn handshake(
+    log: Logger,
+    reaper: &Reaper,
+    sync: OwnedFd,
+    want_ready: bool,
+) -> Result<(OwnedFd, i32, ExitReceiver), String> {
+    let mut pid = None;
+    let mut ready = !want_ready;
+    let mut sync = sync;
+    while pid.is_none() || !ready {
+        let (fd, msg) = next_message(sync).await?;
+        sync = fd;
+        match msg {
+            Some(StageMessage::Pid(p)) => {
+                let rx = reaper.register(p);
+                pid = Some((p, rx));
+                nix::sys::socket::send(
+                    sync.as_raw_fd(),
+                    b"ack",
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                )
+                .map_err(|e| format!("acknowledge container pid: {e}"))?;
+            }
+            Some(StageMessage::Ready) => ready = true,
+            Some(StageMessage::Log(line)) => info!(log, "stage: {}", line),
+            Some(StageMessage::Error(e)) => return Err(e),
+            None => return Err("container stage exited without reporting a process".into()),
+        }
+    }
+    let (pid, rx) = pid.ok_or("container stage reported no pid")?;
+    Ok((sync, pid, rx))
+}
+
+/// Waits until the container process has called execve (end of stream on the sync
+/// socket) or reports why it could not.
+pub async fn wait_exec(log: &Logger, sync: OwnedFd) -> Result<(), String> {
+    let mut sync = sync;
+    loop {
+        let (fd, msg) = next_message(sync).await?;
+        sync = fd;
+        match msg {
+            None => return Ok(()),
+            Some(StageMessage::Error(e)) => return Err(e),
+            Some(StageMessage::Log(line)) => info!(log, "stage: {}", line),
+            Some(other) => info!(log, "unexpected stage message"; "message" => ?other),
+        }
+    }
+}
+
+async fn next_message(sync: OwnedFd) -> Result<(OwnedFd, Option<StageMessage>), String> {
+    tokio::task::spawn_blocking(move || {
+        let msg = recv_message(sync.as_fd());
+        (sync, msg)
+    })
+    .await
+    .map_err(|e| format!("read from container stage: {e}"))
+    .and_then(|(fd, msg)| {
+        msg.map(|m| (fd, m))
+            .map_err(|e| format!("read from container stage: {e}"))
+    })
+}
+
+/// Moves each source fd to its fixed number, without CLOEXEC. Sources are first copied
+/// above every target so that no dup2 clobbers a source not yet moved.
+fn place_fds(fds: &[(RawFd, RawFd)]) -> std::io::Result<()> {
+    let mut high = [0 as RawFd; 3];
+    for (i, (src, _)) in fds.iter().enumerate() {
+        // SAFETY: F_DUPFD_CLOEXEC on an fd we own creates a new fd; no memory involved.
+        let fd = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        high[i] = fd;
+    }
+    for (i, (_, dst)) in fds.iter().enumerate() {
+        // SAFETY: dup2 between two fds of this process; the new fd has CLOEXEC cleared.
+        if unsafe { libc::dup2(high[i], *dst) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

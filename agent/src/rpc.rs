@@ -1,0 +1,183 @@
+//! The ttrpc AgentService: one short method per RPC, each delegating to the sandbox.
+//!
+//! ttrpc's async server runs every unary request in its own task, so a ReadStdout that
+//! waits for data does not hold up WaitProcess or anything else.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use protocols::agent::*;
+use protocols::agent_ttrpc::AgentService;
+use ttrpc::r#async::TtrpcContext;
+
+use crate::error::AgentError;
+use crate::sandbox::Sandbox;
+
+pub struct AgentRpc {
+    pub sandbox: Arc<Sandbox>,
+    /// What DestroySandbox does after answering (reboot the guest, or exit in tests).
+    pub on_destroy: fn(),
+}
+
+type RpcResult<T> = ttrpc::Result<T>;
+
+fn len_arg(len: u32) -> usize {
+    // A zero length would make an empty answer look like end of stream.
+    (len as usize).clamp(1, 4 * 1024 * 1024)
+}
+
+#[async_trait]
+impl AgentService for AgentRpc {
+    async fn create_container(
+        &self,
+        _: &TtrpcContext,
+        r: CreateContainerRequest,
+    ) -> RpcResult<Empty> {
+        self.sandbox
+            .create_container(&r.container_id, &r.oci_spec, r.stdin)
+            .await?;
+        Ok(Empty::new())
+    }
+
+    async fn start_container(&self, _: &TtrpcContext, r: ContainerRequest) -> RpcResult<Empty> {
+        self.sandbox.start_container(&r.container_id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn remove_container(&self, _: &TtrpcContext, r: ContainerRequest) -> RpcResult<Empty> {
+        self.sandbox.remove_container(&r.container_id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn exec_process(&self, _: &TtrpcContext, r: ExecProcessRequest) -> RpcResult<Empty> {
+        self.sandbox
+            .exec_process(&r.container_id, &r.exec_id, &r.process, r.stdin)
+            .await?;
+        Ok(Empty::new())
+    }
+
+    async fn signal_process(&self, _: &TtrpcContext, r: SignalProcessRequest) -> RpcResult<Empty> {
+        self.sandbox
+            .signal_process(&r.container_id, &r.exec_id, r.signal, r.all)
+            .await?;
+        Ok(Empty::new())
+    }
+
+    async fn wait_process(
+        &self,
+        _: &TtrpcContext,
+        r: ProcessRequest,
+    ) -> RpcResult<WaitProcessResponse> {
+        let status = self
+            .sandbox
+            .wait_process(&r.container_id, &r.exec_id)
+            .await?;
+        let mut resp = WaitProcessResponse::new();
+        resp.status = status;
+        Ok(resp)
+    }
+
+    async fn list_processes(
+        &self,
+        _: &TtrpcContext,
+        r: ContainerRequest,
+    ) -> RpcResult<ListProcessesResponse> {
+        let container = self.sandbox.container(&r.container_id).await?;
+        let mut resp = ListProcessesResponse::new();
+        resp.pids = container.pids().await;
+        Ok(resp)
+    }
+
+    async fn read_stdout(
+        &self,
+        _: &TtrpcContext,
+        r: ReadStreamRequest,
+    ) -> RpcResult<ReadStreamResponse> {
+        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
+        let mut resp = ReadStreamResponse::new();
+        resp.data = process.stdout.read(len_arg(r.len)).await;
+        Ok(resp)
+    }
+
+    async fn read_stderr(
+        &self,
+        _: &TtrpcContext,
+        r: ReadStreamRequest,
+    ) -> RpcResult<ReadStreamResponse> {
+        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
+        let mut resp = ReadStreamResponse::new();
+        // A terminal merges stderr into stdout: its stderr is empty.
+        if let Some(stderr) = &process.stderr {
+            resp.data = stderr.read(len_arg(r.len)).await;
+        }
+        Ok(resp)
+    }
+
+    async fn write_stdin(
+        &self,
+        _: &TtrpcContext,
+        r: WriteStreamRequest,
+    ) -> RpcResult<WriteStreamResponse> {
+        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
+        process.write_stdin(&r.data).await.map_err(|e| {
+            AgentError::FailedPrecondition(format!(
+                "write to stdin of {}/{}: {e}",
+                r.container_id, r.exec_id
+            ))
+        })?;
+        let mut resp = WriteStreamResponse::new();
+        resp.len = r.data.len() as u32;
+        Ok(resp)
+    }
+
+    async fn close_stdin(&self, _: &TtrpcContext, r: ProcessRequest) -> RpcResult<Empty> {
+        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
+        process.close_stdin().await.map_err(|e| {
+            AgentError::Internal(format!(
+                "close stdin of {}/{}: {e}",
+                r.container_id, r.exec_id
+            ))
+        })?;
+        Ok(Empty::new())
+    }
+
+    async fn tty_win_resize(&self, _: &TtrpcContext, r: TtyWinResizeRequest) -> RpcResult<Empty> {
+        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
+        let tty = process.tty.as_ref().ok_or_else(|| {
+            AgentError::FailedPrecondition(format!(
+                "process {}/{} has no terminal",
+                r.container_id, r.exec_id
+            ))
+        })?;
+        let rows = u16::try_from(r.rows).unwrap_or(u16::MAX);
+        let cols = u16::try_from(r.columns).unwrap_or(u16::MAX);
+        crate::stdio::resize(tty, rows, cols)
+            .map_err(|e| AgentError::Internal(format!("resize terminal: {e}")))?;
+        Ok(Empty::new())
+    }
+
+    async fn check(&self, _: &TtrpcContext, _: Empty) -> RpcResult<CheckResponse> {
+        let mut resp = CheckResponse::new();
+        resp.agent_version = env!("CARGO_PKG_VERSION").to_string();
+        resp.kernel_release = kernel_release();
+        Ok(resp)
+    }
+
+    async fn destroy_sandbox(&self, _: &TtrpcContext, _: Empty) -> RpcResult<Empty> {
+        self.sandbox.destroy().await;
+        let on_destroy = self.on_destroy;
+        tokio::spawn(async move {
+            // Give the reply a moment to leave before the guest resets.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            on_destroy();
+        });
+        Ok(Empty::new())
+    }
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,190 @@
+//! The container stage: kata-agent re-executed as `kata-agent __container-stage`.
+//!
+//! The agent is a multi-threaded tokio process, where forking and then calling anything
+//! but async-signal-safe functions is unsound. So the agent only fork+execs itself; this
+//! stage then runs single-threaded and may unshare, setns, fork, mount and pivot freely.
+//! Its stdio (fds 0-2) already is the container's stdio; it talks to the agent only over
+//! the sync socket (see [`protocol`]).
+//!
+//! A different executor (e.g. youki's libcontainer) would replace this module and
+//! `container::spawn_stage` behind the same messages.
+
+mod launch;
+mod mounts;
+pub mod protocol;
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::unistd::{fork, ForkResult};
+
+use crate::spec::Spec;
+use protocol::{recv_message, send_message, StageConfig, StageMessage, StageMode};
+
+/// Runs the stage and never returns.
+pub fn main() -> ! {
+    // SAFETY: the agent placed the sync socket at SYNC_FD before exec; we own it now.
+    let sync = unsafe { OwnedFd::from_raw_fd(protocol::SYNC_FD) };
+    // The container process keeps the socket until execve closes it: that end-of-stream
+    // is how the agent learns that exec succeeded.
+    let _ = nix::fcntl::fcntl(
+        protocol::SYNC_FD,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    let result = run(sync.as_fd());
+    if let Err(e) = result {
+        let _ = send_message(sync.as_fd(), &StageMessage::Error(e));
+        std::process::exit(1);
+    }
+    std::process::exit(0);
+}
+
+fn run(sync: BorrowedFd<'_>) -> Result<(), String> {
+    // SAFETY: the agent placed the config pipe at CONFIG_FD; nothing else owns it.
+    let mut config_pipe = unsafe { File::from_raw_fd(protocol::CONFIG_FD) };
+    let mut bytes = Vec::new();
+    config_pipe
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("read stage config: {e}"))?;
+    drop(config_pipe);
+    let config: StageConfig =
+        serde_json::from_slice(&bytes).map_err(|e| format!("parse stage config: {e}"))?;
+
+    if let Some(cgroup) = &config.cgroup {
+        // Joining before fork puts the container process in the cgroup before it execs.
+        std::fs::write(
+            format!("{cgroup}/cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("join cgroup {cgroup}: {e}"))?;
+    }
+
+    match config.mode {
+        StageMode::Create { spec } => create(sync, spec),
+        StageMode::Exec { process, init_pid } => {
+            enter_namespaces_of(init_pid)?;
+            fork_and(sync, |sync| launch::exec_process(sync, &process))
+        }
+    }
+}
+
+fn log(sync: BorrowedFd<'_>, line: String) {
+    let _ = send_message(sync, &StageMessage::Log(line));
+}
+
+/// Creates the container's namespaces, then forks its init process.
+fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWPID;
+    let mut join = Vec::new();
+    for ns in spec.linux.iter().flat_map(|l| l.namespaces.iter()) {
+        let Some(flag) = namespace_flag(&ns.typ) else {
+            log(
+                sync,
+                format!("ignoring unknown namespace type {:?}", ns.typ),
+            );
+            continue;
+        };
+        match ns.path.as_deref().filter(|p| !p.is_empty()) {
+            Some(path) => {
+                flags.remove(flag);
+                join.push((path.to_string(), flag));
+            }
+            None if matches!(ns.typ.as_str(), "network" | "user" | "cgroup") => {
+                // The guest's network belongs to the whole sandbox; user and cgroup
+                // namespaces are not supported by this executor yet.
+                log(sync, format!("not creating a {} namespace", ns.typ));
+            }
+            None => flags.insert(flag),
+        }
+    }
+    for (path, flag) in &join {
+        let file = File::open(path).map_err(|e| format!("open namespace {path}: {e}"))?;
+        setns(file.as_fd(), *flag).map_err(|e| format!("join namespace {path}: {e}"))?;
+    }
+    unshare(flags).map_err(|e| format!("unshare namespaces {flags:?}: {e}"))?;
+    fork_and(sync, move |sync| {
+        mounts::prepare_rootfs(sync, &spec)?;
+        if let Some(hostname) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
+            nix::unistd::sethostname(hostname)
+                .map_err(|e| format!("set hostname {hostname:?}: {e}"))?;
+        }
+        send_message(sync, &StageMessage::Ready).map_err(|e| format!("report ready: {e}"))?;
+        // SAFETY: the agent placed the start pipe at START_FD; only this process reads it.
+        let mut start = unsafe { File::from_raw_fd(protocol::START_FD) };
+        let mut byte = [0u8; 1];
+        match start.read(&mut byte) {
+            Ok(1) => {}
+            // The agent dropped the container before starting it.
+            _ => std::process::exit(1),
+        }
+        drop(start);
+        let process = spec.process.as_ref().ok_or("OCI spec has no process")?;
+        launch::exec_process(sync, process)
+    })
+}
+
+/// Joins the namespaces of a running container for `exec`; mnt last, since it changes
+/// what `/proc` means.
+fn enter_namespaces_of(pid: i32) -> Result<(), String> {
+    let kinds = [
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+        ("pid", CloneFlags::CLONE_NEWPID),
+        ("mnt", CloneFlags::CLONE_NEWNS),
+    ];
+    let mut files = Vec::new();
+    for (name, flag) in kinds {
+        let path = format!("/proc/{pid}/ns/{name}");
+        let file = File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+        files.push((path, file, flag));
+    }
+    for (path, file, flag) in files {
+        setns(file.as_fd(), flag).map_err(|e| format!("setns {path}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Forks; the child runs `child` (which only returns on error), the parent reports the
+/// child's pid and exits once the agent has acknowledged it.
+fn fork_and(
+    sync: BorrowedFd<'_>,
+    child: impl FnOnce(BorrowedFd<'_>) -> Result<(), String>,
+) -> Result<(), String> {
+    // SAFETY: the stage is single-threaded (it was just exec'd and started no threads),
+    // so the child may run arbitrary code.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            let err = match child(sync) {
+                Ok(()) => "container process returned without exec".to_string(),
+                Err(e) => e,
+            };
+            let _ = send_message(sync, &StageMessage::Error(err));
+            std::process::exit(127);
+        }
+        ForkResult::Parent { child } => {
+            send_message(sync, &StageMessage::Pid(child.as_raw()))
+                .map_err(|e| format!("report pid: {e}"))?;
+            // Wait for the ack (or the agent going away); its content does not matter.
+            let _ = recv_message(sync);
+            Ok(())
+        }
+    }
+}
+
+fn namespace_flag(typ: &str) -> Option<CloneFlags> {
+    Some(match typ {
+        "pid" => CloneFlags::CLONE_NEWPID,
+        "network" => CloneFlags::CLONE_NEWNET,
+        "mount" => CloneFlags::CLONE_NEWNS,
+        "ipc" => CloneFlags::CLONE_NEWIPC,
+        "uts" => CloneFlags::CLONE_NEWUTS,
+        "user" => CloneFlags::CLONE_NEWUSER,
+        "cgroup" => CloneFlags::CLONE_NEWCGROUP,
+        _ => return None,
+    })
+}

@@ -1,0 +1,270 @@
+//! The container's root file system, built inside its new mount namespace: spec mounts,
+//! default device nodes, pivot_root, masked and read-only paths.
+//!
+//! Runs in the container's init process before it waits for start; touches nothing
+//! outside that mount namespace (the root is made a slave first).
+
+use std::fs;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::unistd::{chdir, pivot_root};
+
+use super::log;
+use crate::spec::{Mount, Spec};
+
+/// Device nodes every container gets, bind-mounted from the guest's /dev.
+const DEFAULT_DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+const DEFAULT_SYMLINKS: [(&str, &str); 5] = [
+    ("/proc/self/fd", "fd"),
+    ("/proc/self/fd/0", "stdin"),
+    ("/proc/self/fd/1", "stdout"),
+    ("/proc/self/fd/2", "stderr"),
+    ("pts/ptmx", "ptmx"),
+];
+
+/// Sets up the rootfs and pivots into it.
+pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
+    let root = spec.root.as_ref().ok_or("OCI spec has no root")?;
+    let rootfs = PathBuf::from(&root.path);
+    do_mount(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_SLAVE | MsFlags::MS_REC,
+        None,
+    )?;
+    do_mount(
+        Some(&rootfs),
+        &rootfs,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+    )?;
+
+    for m in &spec.mounts {
+        mount_one(sync, &rootfs, m)?;
+    }
+    create_devices(&rootfs)?;
+    enter_rootfs(&rootfs)?;
+
+    if let Some(linux) = &spec.linux {
+        for path in &linux.masked_paths {
+            mask_path(path)?;
+        }
+        for path in &linux.readonly_paths {
+            readonly_path(path)?;
+        }
+    }
+    if root.readonly {
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        do_mount(None, Path::new("/"), None, flags, None)?;
+    }
+    Ok(())
+}
+
+/// `rootfs` + an absolute container path. Symlinks inside the rootfs are not resolved
+/// securely yet (a hostile image could point a mount target outside the rootfs).
+fn in_rootfs(rootfs: &Path, dest: &str) -> PathBuf {
+    rootfs.join(dest.trim_start_matches('/'))
+}
+
+fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), String> {
+    let target = in_rootfs(rootfs, &m.destination);
+    let typ = m.typ.as_deref().unwrap_or("none");
+    let (mut flags, data) = parse_options(&m.options);
+    let is_bind = typ == "bind" || flags.contains(MsFlags::MS_BIND);
+    let source = m.source.clone().unwrap_or_else(|| typ.to_string());
+
+    if is_bind && !Path::new(&source).is_dir() {
+        if let Some(parent) = target.parent() {
+            create_dir(parent)?;
+        }
+        if !target.exists() {
+            fs::write(&target, b"")
+                .map_err(|e| format!("create mount target {}: {e}", target.display()))?;
+        }
+    } else {
+        create_dir(&target)?;
+    }
+
+    let data = (!data.is_empty()).then_some(data.as_str());
+    if is_bind {
+        let bind = flags & (MsFlags::MS_BIND | MsFlags::MS_REC);
+        do_mount(Some(Path::new(&source)), &target, None, bind, None)?;
+        flags.remove(MsFlags::MS_BIND | MsFlags::MS_REC);
+        if !flags.is_empty() {
+            let remount = flags | MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
+            do_mount(None, &target, None, remount, None)?;
+        }
+        return Ok(());
+    }
+    if typ == "cgroup" || typ == "cgroup2" {
+        // Only cgroup v2 exists in the guest; a container without it still runs.
+        let r = do_mount(
+            Some(Path::new("cgroup2")),
+            &target,
+            Some("cgroup2"),
+            flags,
+            None,
+        );
+        if let Err(e) = r {
+            log(sync, format!("skipping cgroup mount: {e}"));
+        }
+        return Ok(());
+    }
+    do_mount(Some(Path::new(&source)), &target, Some(typ), flags, data)
+}
+
+/// Splits mount options into flags and the data string the file system parses.
+pub fn parse_options(options: &[String]) -> (MsFlags, String) {
+    let mut flags = MsFlags::empty();
+    let mut data = Vec::new();
+    for opt in options {
+        let (set, clear) = match opt.as_str() {
+            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
+            "noatime" => (MsFlags::MS_NOATIME, MsFlags::empty()),
+            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+            "relatime" => (MsFlags::MS_RELATIME, MsFlags::empty()),
+            "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::empty()),
+            "bind" => (MsFlags::MS_BIND, MsFlags::empty()),
+            "rbind" => (MsFlags::MS_BIND | MsFlags::MS_REC, MsFlags::empty()),
+            // Propagation is handled for the whole tree; these need no data.
+            "private" | "rprivate" | "slave" | "rslave" | "shared" | "rshared" => continue,
+            other => {
+                data.push(other);
+                continue;
+            }
+        };
+        flags.insert(set);
+        flags.remove(clear);
+    }
+    (flags, data.join(","))
+}
+
+fn create_devices(rootfs: &Path) -> Result<(), String> {
+    let dev = rootfs.join("dev");
+    create_dir(&dev)?;
+    for name in DEFAULT_DEVICES {
+        let host = Path::new("/dev").join(name);
+        if !host.exists() {
+            continue;
+        }
+        let target = dev.join(name);
+        if !target.exists() {
+            fs::write(&target, b"").map_err(|e| format!("create {}: {e}", target.display()))?;
+        }
+        do_mount(Some(&host), &target, None, MsFlags::MS_BIND, None)?;
+    }
+    for (src, name) in DEFAULT_SYMLINKS {
+        let link = dev.join(name);
+        if link.symlink_metadata().is_err() {
+            symlink(src, &link).map_err(|e| format!("symlink {}: {e}", link.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// pivot_root into `rootfs` and detach the old root (runc's "pivot_root(., .)" trick,
+/// which needs no directory for the old root).
+fn enter_rootfs(rootfs: &Path) -> Result<(), String> {
+    chdir(rootfs).map_err(|e| format!("chdir to rootfs {}: {e}", rootfs.display()))?;
+    pivot_root(".", ".").map_err(|e| format!("pivot_root to {}: {e}", rootfs.display()))?;
+    do_mount(
+        None,
+        Path::new("."),
+        None,
+        MsFlags::MS_SLAVE | MsFlags::MS_REC,
+        None,
+    )?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
+    chdir("/").map_err(|e| format!("chdir to /: {e}"))
+}
+
+fn mask_path(path: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    match p.symlink_metadata() {
+        Err(_) => Ok(()),
+        Ok(meta) if meta.is_dir() => do_mount(
+            Some(Path::new("tmpfs")),
+            p,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY,
+            None,
+        ),
+        Ok(_) => do_mount(
+            Some(Path::new("/dev/null")),
+            p,
+            None,
+            MsFlags::MS_BIND,
+            None,
+        ),
+    }
+}
+
+fn readonly_path(path: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    if p.symlink_metadata().is_err() {
+        return Ok(());
+    }
+    do_mount(Some(p), p, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    do_mount(None, p, None, flags, None)
+}
+
+fn create_dir(path: &Path) -> Result<(), String> {
+    fs::create_dir_all(path).map_err(|e| format!("create directory {}: {e}", path.display()))
+}
+
+fn do_mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), String> {
+    mount(source, target, fstype, flags, data).map_err(|e| {
+        let src = source.map(|s| s.display().to_string()).unwrap_or_default();
+        format!(
+            "mount {src:?} on {} (type {}, flags {flags:?}, data {data:?}): {e}",
+            target.display(),
+            fstype.unwrap_or("none")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_split_into_flags_and_data() {
+        let opts: Vec<String> = [
+            "nosuid",
+            "noexec",
+            "newinstance",
+            "ptmxmode=0666",
+            "ro",
+            "rbind",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let (flags, data) = parse_options(&opts);
+        assert!(flags.contains(MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY));
+        assert!(flags.contains(MsFlags::MS_BIND | MsFlags::MS_REC));
+        assert_eq!(data, "newinstance,ptmxmode=0666");
+    }
+}

@@ -1,0 +1,268 @@
+//! Test harness: a kata-agent on a unix socket, a busybox rootfs, and a runc-shaped spec.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use protocols::agent::*;
+use protocols::agent_ttrpc::AgentServiceClient;
+use ttrpc::context::Context;
+
+const APPLETS: &[&str] = &[
+    "sh", "echo", "cat", "sleep", "true", "false", "pwd", "env", "id", "ls", "head", "wc",
+    "md5sum", "dd", "hostname", "uname", "tee",
+];
+
+/// An agent started for one test, with a client connected to it.
+pub struct TestAgent {
+    pub client: AgentServiceClient,
+    pub dir: PathBuf,
+    _process: AgentProcess,
+}
+
+/// Kills the agent and removes its directory on drop, also when a test fails.
+struct AgentProcess {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        // SIGTERM lets the agent kill its containers first.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn ctx() -> Context {
+    ttrpc::context::with_timeout(0)
+}
+
+impl TestAgent {
+    pub async fn start(name: &str) -> TestAgent {
+        let dir =
+            std::env::temp_dir().join(format!("kata-agent-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let sock = dir.join("agent.sock");
+        let addr = format!("unix://{}", sock.display());
+        let log = std::fs::File::create(dir.join("agent.log")).expect("create agent log");
+        let child = Command::new(env!("CARGO_BIN_EXE_kata-agent"))
+            .args(["--listen", &addr])
+            .stderr(log)
+            .spawn()
+            .expect("start kata-agent");
+        let process = AgentProcess {
+            child,
+            dir: dir.clone(),
+        };
+        for _ in 0..200 {
+            if sock.exists() {
+                if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
+                    let client = AgentServiceClient::new(c);
+                    return TestAgent {
+                        client,
+                        dir,
+                        _process: process,
+                    };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("kata-agent did not listen on {addr}");
+    }
+
+    /// A busybox rootfs at `<dir>/<id>/rootfs`.
+    pub fn rootfs(&self, id: &str) -> PathBuf {
+        let rootfs = self.dir.join(id).join("rootfs");
+        let bin = rootfs.join("bin");
+        std::fs::create_dir_all(&bin).expect("create rootfs/bin");
+        for d in ["proc", "sys", "dev", "tmp", "work"] {
+            std::fs::create_dir_all(rootfs.join(d)).expect("create rootfs dir");
+        }
+        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("copy busybox");
+        for applet in APPLETS {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("symlink applet");
+        }
+        rootfs
+    }
+
+    /// `runc spec`, adjusted: our rootfs, args, env, no network namespace.
+    pub fn spec(&self, rootfs: &Path, args: &[&str], env: &[&str], cwd: &str) -> Vec<u8> {
+        let work = rootfs.parent().expect("bundle dir");
+        let _ = std::fs::remove_file(work.join("config.json"));
+        let status = Command::new("runc")
+            .arg("spec")
+            .current_dir(work)
+            .status()
+            .expect("run runc spec");
+        assert!(status.success(), "runc spec failed");
+        let text = std::fs::read_to_string(work.join("config.json")).expect("read config.json");
+        let mut spec: serde_json::Value = serde_json::from_str(&text).expect("parse runc spec");
+        spec["root"]["path"] = rootfs.display().to_string().into();
+        spec["root"]["readonly"] = false.into();
+        spec["process"]["terminal"] = false.into();
+        spec["process"]["args"] = args.into();
+        let mut full_env = vec!["PATH=/bin"];
+        full_env.extend_from_slice(env);
+        spec["process"]["env"] = full_env.into();
+        spec["process"]["cwd"] = cwd.into();
+        spec["hostname"] = "testbox".into();
+        if let Some(ns) = spec["linux"]["namespaces"].as_array_mut() {
+            ns.retain(|n| n["type"] != "network");
+        }
+        serde_json::to_vec(&spec).expect("encode spec")
+    }
+
+    pub async fn create(&self, id: &str, spec: Vec<u8>, stdin: bool) -> ttrpc::Result<Empty> {
+        let mut req = CreateContainerRequest::new();
+        req.container_id = id.into();
+        req.oci_spec = spec;
+        req.stdin = stdin;
+        self.client.create_container(ctx(), &req).await
+    }
+
+    pub async fn start_container(&self, id: &str) -> ttrpc::Result<Empty> {
+        let mut req = ContainerRequest::new();
+        req.container_id = id.into();
+        self.client.start_container(ctx(), &req).await
+    }
+
+    pub async fn remove(&self, id: &str) -> ttrpc::Result<Empty> {
+        let mut req = ContainerRequest::new();
+        req.container_id = id.into();
+        self.client.remove_container(ctx(), &req).await
+    }
+
+    pub async fn wait(&self, id: &str, exec_id: &str) -> i32 {
+        let mut req = ProcessRequest::new();
+        req.container_id = id.into();
+        req.exec_id = exec_id.into();
+        self.client
+            .wait_process(ctx(), &req)
+            .await
+            .expect("wait process")
+            .status
+    }
+
+    /// Reads a stream to its end in a task.
+    pub fn read_all(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stderr: bool,
+    ) -> tokio::task::JoinHandle<Vec<u8>> {
+        let client = self.client.clone();
+        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let mut req = ReadStreamRequest::new();
+                req.container_id = id.clone();
+                req.exec_id = exec_id.clone();
+                req.len = 1 << 20;
+                let resp = if stderr {
+                    client.read_stderr(ctx(), &req).await
+                } else {
+                    client.read_stdout(ctx(), &req).await
+                };
+                let data = resp.expect("read stream").data;
+                if data.is_empty() {
+                    return out;
+                }
+                out.extend(data);
+            }
+        })
+    }
+
+    /// Creates, starts and waits for a container; returns (status, stdout, stderr).
+    pub async fn run(
+        &self,
+        id: &str,
+        args: &[&str],
+        env: &[&str],
+        cwd: &str,
+    ) -> (i32, Vec<u8>, Vec<u8>) {
+        let rootfs = self.rootfs(id);
+        let spec = self.spec(&rootfs, args, env, cwd);
+        self.create(id, spec, false)
+            .await
+            .expect("create container");
+        let out = self.read_all(id, "", false);
+        let err = self.read_all(id, "", true);
+        self.start_container(id).await.expect("start container");
+        let status = self.wait(id, "").await;
+        let out = out.await.expect("stdout task");
+        let err = err.await.expect("stderr task");
+        (status, out, err)
+    }
+}
+
+pub fn md5(data: &[u8]) -> String {
+    let mut child = Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("md5sum");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(data)
+        .expect("feed md5sum");
+    let out = child.wait_with_output().expect("md5sum output");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+pub fn code(e: &ttrpc::Error) -> Option<ttrpc::Code> {
+    match e {
+        ttrpc::Error::RpcStatus(s) => Some(s.code()),
+        _ => None,
+    }
+}
+
+pub fn message(e: &ttrpc::Error) -> String {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.message().to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl TestAgent {
+    /// Runs ExecProcess and starts reading the new process's stdout.
+    pub async fn read_all_after_exec(
+        &self,
+        req: &ExecProcessRequest,
+    ) -> tokio::task::JoinHandle<Vec<u8>> {
+        self.client
+            .exec_process(ctx(), req)
+            .await
+            .expect("exec process");
+        self.read_all(&req.container_id, &req.exec_id, false)
+    }
+
+    pub async fn wait_err(&self, id: &str) -> ttrpc::Error {
+        let mut req = ProcessRequest::new();
+        req.container_id = id.into();
+        self.client
+            .wait_process(ctx(), &req)
+            .await
+            .expect_err("wait must fail")
+    }
+}

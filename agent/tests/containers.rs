@@ -1,0 +1,247 @@
+//! kata-agent end to end on the host: containers from a busybox rootfs, driven through
+//! the ttrpc API on a unix socket. Needs root, runc (for `runc spec`) and busybox-static.
+
+mod common;
+
+use common::{code, md5, message, TestAgent};
+use protocols::agent::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_output_and_exit_code() {
+    let agent = TestAgent::start("echo").await;
+    let (status, out, err) = agent.run("c1", &["echo", "hello"], &[], "/").await;
+    assert_eq!(status, 0);
+    assert_eq!(out, b"hello\n");
+    assert!(err.is_empty());
+    let (status, _, _) = agent.run("c2", &["sh", "-c", "exit 3"], &[], "/").await;
+    assert_eq!(status, 3);
+    agent.remove("c1").await.expect("remove c1");
+    agent.remove("c2").await.expect("remove c2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_stdout_arrives_intact() {
+    let agent = TestAgent::start("large").await;
+    let script =
+        "head -c 8388608 /dev/urandom >/tmp/data && md5sum </tmp/data >&2 && cat /tmp/data";
+    let (status, out, err) = agent.run("big", &["sh", "-c", script], &[], "/").await;
+    assert_eq!(status, 0);
+    assert_eq!(
+        out.len(),
+        8 * 1024 * 1024,
+        "stderr: {}",
+        String::from_utf8_lossy(&err)
+    );
+    let expected = String::from_utf8_lossy(&err)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(md5(&out), expected);
+    agent.remove("big").await.expect("remove");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_env_cwd_and_hostname() {
+    let agent = TestAgent::start("env").await;
+    let script = "echo out; echo err >&2; echo $FOO; pwd; hostname";
+    let (status, out, err) = agent
+        .run("e", &["sh", "-c", script], &["FOO=bar"], "/work")
+        .await;
+    assert_eq!(status, 0);
+    assert_eq!(String::from_utf8_lossy(&out), "out\nbar\n/work\ntestbox\n");
+    assert_eq!(err, b"err\n");
+    agent.remove("e").await.expect("remove");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_reaches_the_process() {
+    let agent = TestAgent::start("stdin").await;
+    let rootfs = agent.rootfs("s");
+    agent
+        .create("s", agent.spec(&rootfs, &["wc", "-c"], &[], "/"), true)
+        .await
+        .expect("create");
+    let out = agent.read_all("s", "", false);
+    agent.start_container("s").await.expect("start");
+    let mut req = WriteStreamRequest::new();
+    req.container_id = "s".into();
+    req.data = vec![b'x'; 100_000];
+    let resp = agent
+        .client
+        .write_stdin(common::ctx(), &req)
+        .await
+        .expect("write stdin");
+    assert_eq!(resp.len, 100_000);
+    let mut close = ProcessRequest::new();
+    close.container_id = "s".into();
+    agent
+        .client
+        .close_stdin(common::ctx(), &close)
+        .await
+        .expect("close stdin");
+    assert_eq!(agent.wait("s", "").await, 0);
+    assert_eq!(
+        String::from_utf8_lossy(&out.await.expect("stdout")).trim(),
+        "100000"
+    );
+    agent.remove("s").await.expect("remove");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_signal_and_remove() {
+    let agent = TestAgent::start("exec").await;
+    let rootfs = agent.rootfs("x");
+    agent
+        .create(
+            "x",
+            agent.spec(&rootfs, &["sleep", "1000"], &[], "/"),
+            false,
+        )
+        .await
+        .expect("create");
+    agent.start_container("x").await.expect("start");
+
+    let process = br#"{"args":["sh","-c","echo in-exec; exit 5"],"env":["PATH=/bin"],"cwd":"/","user":{"uid":0,"gid":0}}"#;
+    let mut req = ExecProcessRequest::new();
+    req.container_id = "x".into();
+    req.exec_id = "e1".into();
+    req.process = process.to_vec();
+    let out = agent.read_all_after_exec(&req).await;
+    assert_eq!(agent.wait("x", "e1").await, 5);
+    assert_eq!(out.await.expect("exec stdout"), b"in-exec\n");
+
+    let err = agent
+        .client
+        .exec_process(common::ctx(), &req)
+        .await
+        .expect_err("reused exec id");
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::ALREADY_EXISTS),
+        "{}",
+        message(&err)
+    );
+
+    let mut list = ContainerRequest::new();
+    list.container_id = "x".into();
+    let pids = agent
+        .client
+        .list_processes(common::ctx(), &list)
+        .await
+        .expect("list")
+        .pids;
+    assert!(!pids.is_empty());
+
+    let mut sig = SignalProcessRequest::new();
+    sig.container_id = "x".into();
+    sig.signal = 9;
+    agent
+        .client
+        .signal_process(common::ctx(), &sig)
+        .await
+        .expect("signal");
+    assert_eq!(agent.wait("x", "").await, 137);
+    // Signalling an exited process is not an error.
+    agent
+        .client
+        .signal_process(common::ctx(), &sig)
+        .await
+        .expect("signal exited");
+
+    agent.remove("x").await.expect("remove");
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived"
+        );
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mountinfo.contains(&rootfs.display().to_string()),
+        "mounts left under {}",
+        rootfs.display()
+    );
+    let err = agent.wait_err("x").await;
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::NOT_FOUND),
+        "{}",
+        message(&err)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_errors() {
+    let agent = TestAgent::start("errors").await;
+    let rootfs = agent.rootfs("n");
+    agent
+        .create("n", agent.spec(&rootfs, &["nosuchbin"], &[], "/"), false)
+        .await
+        .expect("create");
+    let err = agent
+        .start_container("n")
+        .await
+        .expect_err("start must fail");
+    assert!(
+        message(&err).contains(r#"exec "nosuchbin": No such file or directory"#),
+        "{}",
+        message(&err)
+    );
+    agent.remove("n").await.expect("remove");
+
+    let rootfs = agent.rootfs("d");
+    agent
+        .create("d", agent.spec(&rootfs, &["true"], &[], "/nope"), false)
+        .await
+        .expect("create");
+    let err = agent
+        .start_container("d")
+        .await
+        .expect_err("start must fail");
+    assert!(
+        message(&err).contains(r#"chdir to cwd "/nope""#),
+        "{}",
+        message(&err)
+    );
+    agent.remove("d").await.expect("remove");
+
+    let err = agent
+        .create("bad", b"{not json".to_vec(), false)
+        .await
+        .expect_err("bad spec");
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::INVALID_ARGUMENT),
+        "{}",
+        message(&err)
+    );
+    let err = agent
+        .start_container("ghost")
+        .await
+        .expect_err("no such container");
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::NOT_FOUND),
+        "{}",
+        message(&err)
+    );
+
+    let check = agent
+        .client
+        .check(common::ctx(), &Empty::new())
+        .await
+        .expect("check");
+    assert!(!check.kernel_release.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarter_gigabyte_of_stdout() {
+    let agent = TestAgent::start("huge").await;
+    let script = "head -c 268435456 /dev/zero";
+    let (status, out, _) = agent.run("h", &["sh", "-c", script], &[], "/").await;
+    assert_eq!(status, 0);
+    assert_eq!(out.len(), 256 * 1024 * 1024);
+    assert!(out.iter().all(|b| *b == 0));
+    agent.remove("h").await.expect("remove");
+}

@@ -1,0 +1,79 @@
+//! The shape of `configuration.toml` as written, before validation: what serde reads.
+//!
+//! Words such as `accelerator` stay strings here so that a wrong one is reported with the
+//! key and the allowed words (see `choice.rs`) rather than serde's generic message.
+//! Every section and key may be left out; `Default` holds the shipped defaults.
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct File {
+    pub hypervisor: HypervisorSection,
+    pub agent: AgentSection,
+    pub runtime: RuntimeSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct HypervisorSection {
+    pub qemu: QemuSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct QemuSection {
+    pub path: String,
+    pub kernel: String,
+    pub initrd: String,
+    pub kernel_params: String,
+    pub default_vcpus: u32,
+    pub default_memory: u32,
+    pub shared_fs: String,
+    pub virtio_fs_daemon: String,
+    pub virtio_fs_cache: String,
+    pub vsock_backend: String,
+    pub accelerator: String,
+}
+
+impl Default for QemuSection {
+    fn default() -> Self {
+        Self {
+            path: "/usr/bin/qemu-system-x86_64".into(),
+            kernel: "/usr/share/kata-containers/vmlinux".into(),
+            initrd: "/usr/share/kata-containers/kata-initrd.img".into(),
+            kernel_params: String::new(),
+            default_vcpus: 1,
+            default_memory: 512,
+            shared_fs: "virtio-fs".into(),
+            virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
+            virtio_fs_cache: "auto".into(),
+            vsock_backend: "/usr/local/bin/vhost-device-vsock".into(),
+            accelerator: "auto".into(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct AgentSection {
+    pub kata: KataAgentSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct KataAgentSection {
+    pub dial_timeout: u32,
+}
+
+impl Default for KataAgentSection {
+    fn default() -> Self {
+        Self { dial_timeout: 30 }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RuntimeSection {
+    pub enable_debug: bool,
+}

@@ -1,0 +1,188 @@
+//! The validated configuration the runtime works with, and its construction from the
+//! file's raw shape (range and choice checks that need no file system).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::choice::{Accelerator, Choice, SharedFs, VirtioFsCache};
+use crate::file::{File, QemuSection};
+use crate::Error;
+
+/// Smallest VM memory accepted, in MiB: below it the guest kernel and agent do not fit.
+pub const MIN_MEMORY_MIB: u32 = 64;
+/// Most vCPUs accepted (what QEMU's microvm machine can address with its mptable).
+pub const MAX_VCPUS: u32 = 255;
+
+/// A whole, validated `configuration.toml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file it was read from (or the origin given to [`Config::from_str`]).
+    pub origin: PathBuf,
+    /// `[hypervisor.*]`.
+    pub hypervisor: HypervisorConfig,
+    /// `[agent.*]`.
+    pub agent: AgentConfig,
+    /// `[runtime]`.
+    pub runtime: RuntimeConfig,
+}
+
+/// `[hypervisor.*]`: the one VMM backend configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HypervisorConfig {
+    /// `[hypervisor.qemu]`.
+    pub qemu: QemuConfig,
+}
+
+/// `[hypervisor.qemu]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QemuConfig {
+    /// The qemu-system-x86_64 binary.
+    pub path: PathBuf,
+    /// Guest kernel (ELF vmlinux).
+    pub kernel: PathBuf,
+    /// Guest initrd with the agent as `/init`.
+    pub initrd: PathBuf,
+    /// Appended to the built-in kernel command line.
+    pub kernel_params: String,
+    /// vCPUs per VM, 1..=[`MAX_VCPUS`].
+    pub default_vcpus: u32,
+    /// Memory per VM in MiB, at least [`MIN_MEMORY_MIB`].
+    pub default_memory: u32,
+    /// How files are shared with the guest.
+    pub shared_fs: SharedFs,
+    /// The virtiofsd binary.
+    pub virtio_fs_daemon: PathBuf,
+    /// virtiofsd's `--cache` policy.
+    pub virtio_fs_cache: VirtioFsCache,
+    /// The vhost-user vsock backend binary (vhost-device-vsock).
+    pub vsock_backend: PathBuf,
+    /// kvm, tcg or auto.
+    pub accelerator: Accelerator,
+}
+
+/// `[agent.*]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// `[agent.kata]`.
+    pub kata: KataAgentConfig,
+}
+
+/// `[agent.kata]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KataAgentConfig {
+    /// How long to wait for the agent to answer after the VM starts (whole seconds in
+    /// the file, at least 1).
+    pub dial_timeout: Duration,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// Debug logging and guest boot messages on the console.
+    pub enable_debug: bool,
+}
+
+impl Config {
+    /// Checks the raw file and turns it into a [`Config`].
+    pub(crate) fn from_file(file: File, origin: &Path) -> Result<Self, Error> {
+        Ok(Self {
+            origin: origin.to_path_buf(),
+            hypervisor: HypervisorConfig {
+                qemu: QemuConfig::from_section(file.hypervisor.qemu, origin)?,
+            },
+            agent: AgentConfig {
+                kata: KataAgentConfig {
+                    dial_timeout: {
+                        let secs = file.agent.kata.dial_timeout;
+                        if secs == 0 {
+                            return Err(invalid(
+                                origin,
+                                "agent.kata.dial_timeout",
+                                secs,
+                                "expected a number of seconds of at least 1",
+                            ));
+                        }
+                        Duration::from_secs(secs.into())
+                    },
+                },
+            },
+            runtime: RuntimeConfig {
+                enable_debug: file.runtime.enable_debug,
+            },
+        })
+    }
+}
+
+impl QemuConfig {
+    fn from_section(s: QemuSection, origin: &Path) -> Result<Self, Error> {
+        if s.default_vcpus == 0 || s.default_vcpus > MAX_VCPUS {
+            return Err(invalid(
+                origin,
+                "hypervisor.qemu.default_vcpus",
+                s.default_vcpus,
+                &format!("expected a number of vCPUs from 1 to {MAX_VCPUS}"),
+            ));
+        }
+        if s.default_memory < MIN_MEMORY_MIB {
+            return Err(invalid(
+                origin,
+                "hypervisor.qemu.default_memory",
+                s.default_memory,
+                &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
+            ));
+        }
+        if s.kernel_params.contains(['\n', '\r', '\0']) {
+            return Err(Error::Invalid {
+                origin: origin.to_path_buf(),
+                key: "hypervisor.qemu.kernel_params",
+                value: format!("{:?}", s.kernel_params),
+                expected: "expected a single line".into(),
+            });
+        }
+        Ok(Self {
+            path: absolute(origin, "hypervisor.qemu.path", s.path)?,
+            kernel: absolute(origin, "hypervisor.qemu.kernel", s.kernel)?,
+            initrd: absolute(origin, "hypervisor.qemu.initrd", s.initrd)?,
+            kernel_params: s.kernel_params,
+            default_vcpus: s.default_vcpus,
+            default_memory: s.default_memory,
+            shared_fs: SharedFs::parse(origin, "hypervisor.qemu.shared_fs", &s.shared_fs)?,
+            virtio_fs_daemon: absolute(
+                origin,
+                "hypervisor.qemu.virtio_fs_daemon",
+                s.virtio_fs_daemon,
+            )?,
+            virtio_fs_cache: VirtioFsCache::parse(
+                origin,
+                "hypervisor.qemu.virtio_fs_cache",
+                &s.virtio_fs_cache,
+            )?,
+            vsock_backend: absolute(origin, "hypervisor.qemu.vsock_backend", s.vsock_backend)?,
+            accelerator: Accelerator::parse(origin, "hypervisor.qemu.accelerator", &s.accelerator)?,
+        })
+    }
+}
+
+fn invalid(origin: &Path, key: &'static str, value: u32, expected: &str) -> Error {
+    Error::Invalid {
+        origin: origin.to_path_buf(),
+        key,
+        value: value.to_string(),
+        expected: expected.into(),
+    }
+}
+
+/// Paths must be absolute: the shim runs with the bundle as its working directory.
+fn absolute(origin: &Path, key: &'static str, value: String) -> Result<PathBuf, Error> {
+    let path = PathBuf::from(&value);
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(Error::Invalid {
+            origin: origin.to_path_buf(),
+            key,
+            value: format!("{value:?}"),
+            expected: "expected an absolute path".into(),
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! Checks that the files the configuration names exist on this host. Kept apart from
+//! parsing so that unit tests (and `kata-runtime check`) can parse without them.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::{Config, Error};
+
+/// What a configured path must be.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A regular file that can be read.
+    File,
+    /// A regular file with an execute bit.
+    Executable,
+}
+
+impl Config {
+    /// Checks that the QEMU binary, kernel, initrd and helper daemons exist and are
+    /// files (binaries executable). Returns the first problem found.
+    pub fn validate_paths(&self) -> Result<(), Error> {
+        let q = &self.hypervisor.qemu;
+        let checks: [(&'static str, &Path, Kind); 5] = [
+            ("hypervisor.qemu.path", &q.path, Kind::Executable),
+            ("hypervisor.qemu.kernel", &q.kernel, Kind::File),
+            ("hypervisor.qemu.initrd", &q.initrd, Kind::File),
+            (
+                "hypervisor.qemu.virtio_fs_daemon",
+                &q.virtio_fs_daemon,
+                Kind::Executable,
+            ),
+            (
+                "hypervisor.qemu.vsock_backend",
+                &q.vsock_backend,
+                Kind::Executable,
+            ),
+        ];
+        for (key, path, kind) in checks {
+            check(path, kind).map_err(|problem| Error::Path {
+                origin: self.origin.clone(),
+                key,
+                path: path.to_path_buf(),
+                problem,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn check(path: &Path, kind: Kind) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "the file does not exist".to_string(),
+        _ => format!("cannot inspect the file: {e}"),
+    })?;
+    if !meta.is_file() {
+        return Err("expected a regular file".into());
+    }
+    if matches!(kind, Kind::Executable) && meta.permissions().mode() & 0o111 == 0 {
+        return Err("the file is not executable".into());
+    }
+    Ok(())
+}

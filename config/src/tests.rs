@@ -1,0 +1,323 @@
+//! Unit tests of parsing and validation.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::*;
+
+const ORIGIN: &str = "/etc/kata-containers/configuration.toml";
+
+fn parse(text: &str) -> Result<Config, Error> {
+    Config::from_str(text, ORIGIN)
+}
+
+fn err(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = parse("").unwrap();
+    let q = &c.hypervisor.qemu;
+    assert_eq!(q.path, PathBuf::from("/usr/bin/qemu-system-x86_64"));
+    assert_eq!(
+        q.kernel,
+        PathBuf::from("/usr/share/kata-containers/vmlinux")
+    );
+    assert_eq!(
+        q.initrd,
+        PathBuf::from("/usr/share/kata-containers/kata-initrd.img")
+    );
+    assert_eq!(q.kernel_params, "");
+    assert_eq!(q.default_vcpus, 1);
+    assert_eq!(q.default_memory, 512);
+    assert_eq!(q.shared_fs, SharedFs::VirtioFs);
+    assert_eq!(
+        q.virtio_fs_daemon,
+        PathBuf::from("/usr/local/bin/virtiofsd")
+    );
+    assert_eq!(q.virtio_fs_cache, VirtioFsCache::Auto);
+    assert_eq!(
+        q.vsock_backend,
+        PathBuf::from("/usr/local/bin/vhost-device-vsock")
+    );
+    assert_eq!(q.accelerator, Accelerator::Auto);
+    assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(30));
+    assert!(!c.runtime.enable_debug);
+    assert_eq!(c.origin, PathBuf::from(ORIGIN));
+}
+
+#[test]
+fn shipped_file_parses_and_equals_defaults() {
+    let shipped = Config::from_str(SHIPPED_CONFIGURATION, "<defaults>").unwrap();
+    assert_eq!(shipped, Config::defaults());
+}
+
+#[test]
+fn full_file_is_read() {
+    let c = parse(
+        r#"
+[hypervisor.qemu]
+path = "/opt/qemu/bin/qemu-system-x86_64"
+kernel = "/k/vmlinux"
+initrd = "/k/initrd.img"
+kernel_params = "agent.log=debug systemd.unit=x"
+default_vcpus = 4
+default_memory = 2048
+shared_fs = "virtio-fs"
+virtio_fs_daemon = "/opt/virtiofsd"
+virtio_fs_cache = "never"
+vsock_backend = "/opt/vsock"
+accelerator = "tcg"
+[agent.kata]
+dial_timeout = 5
+[runtime]
+enable_debug = true
+"#,
+    )
+    .unwrap();
+    let q = &c.hypervisor.qemu;
+    assert_eq!(q.path, PathBuf::from("/opt/qemu/bin/qemu-system-x86_64"));
+    assert_eq!(q.kernel, PathBuf::from("/k/vmlinux"));
+    assert_eq!(q.initrd, PathBuf::from("/k/initrd.img"));
+    assert_eq!(q.kernel_params, "agent.log=debug systemd.unit=x");
+    assert_eq!(q.default_vcpus, 4);
+    assert_eq!(q.default_memory, 2048);
+    assert_eq!(q.virtio_fs_daemon, PathBuf::from("/opt/virtiofsd"));
+    assert_eq!(q.virtio_fs_cache, VirtioFsCache::Never);
+    assert_eq!(q.vsock_backend, PathBuf::from("/opt/vsock"));
+    assert_eq!(q.accelerator, Accelerator::Tcg);
+    assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(5));
+    assert!(c.runtime.enable_debug);
+}
+
+#[test]
+fn partial_sections_keep_other_defaults() {
+    let c = parse("[hypervisor.qemu]\ndefault_memory = 1024\n").unwrap();
+    assert_eq!(c.hypervisor.qemu.default_memory, 1024);
+    assert_eq!(c.hypervisor.qemu.default_vcpus, 1);
+    assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn every_choice_word_is_accepted() {
+    for a in Accelerator::ALL {
+        let c = parse(&format!("[hypervisor.qemu]\naccelerator = \"{a}\"\n")).unwrap();
+        assert_eq!(c.hypervisor.qemu.accelerator, *a);
+    }
+    for v in VirtioFsCache::ALL {
+        let c = parse(&format!("[hypervisor.qemu]\nvirtio_fs_cache = \"{v}\"\n")).unwrap();
+        assert_eq!(c.hypervisor.qemu.virtio_fs_cache, *v);
+    }
+}
+
+#[test]
+fn bad_accelerator_names_file_key_and_choices() {
+    assert_eq!(
+        err("[hypervisor.qemu]\naccelerator = \"foo\"\n"),
+        "/etc/kata-containers/configuration.toml: hypervisor.qemu.accelerator = \"foo\": \
+         expected one of auto, kvm, tcg"
+    );
+}
+
+#[test]
+fn bad_shared_fs_and_cache_list_choices() {
+    assert_eq!(
+        err("[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\n"),
+        format!("{ORIGIN}: hypervisor.qemu.shared_fs = \"virtio-9p\": expected one of virtio-fs")
+    );
+    assert_eq!(
+        err("[hypervisor.qemu]\nvirtio_fs_cache = \"metadata\"\n"),
+        format!(
+            "{ORIGIN}: hypervisor.qemu.virtio_fs_cache = \"metadata\": \
+             expected one of never, auto, always"
+        )
+    );
+}
+
+#[test]
+fn zero_vcpus_rejected() {
+    assert_eq!(
+        err("[hypervisor.qemu]\ndefault_vcpus = 0\n"),
+        format!(
+            "{ORIGIN}: hypervisor.qemu.default_vcpus = 0: expected a number of vCPUs from 1 to 255"
+        )
+    );
+    assert!(err("[hypervisor.qemu]\ndefault_vcpus = 256\n").contains("default_vcpus = 256"));
+    assert!(parse("[hypervisor.qemu]\ndefault_vcpus = 255\n").is_ok());
+}
+
+#[test]
+fn small_memory_rejected() {
+    assert_eq!(
+        err("[hypervisor.qemu]\ndefault_memory = 63\n"),
+        format!("{ORIGIN}: hypervisor.qemu.default_memory = 63: expected at least 64 (MiB)")
+    );
+    assert!(parse("[hypervisor.qemu]\ndefault_memory = 64\n").is_ok());
+}
+
+#[test]
+fn zero_dial_timeout_rejected() {
+    let msg = err("[agent.kata]\ndial_timeout = 0\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+    assert!(msg.contains("agent.kata.dial_timeout = 0"), "{msg}");
+}
+
+#[test]
+fn relative_paths_rejected() {
+    for key in [
+        "path",
+        "kernel",
+        "initrd",
+        "virtio_fs_daemon",
+        "vsock_backend",
+    ] {
+        let msg = err(&format!("[hypervisor.qemu]\n{key} = \"vmlinux\"\n"));
+        assert_eq!(
+            msg,
+            format!("{ORIGIN}: hypervisor.qemu.{key} = \"vmlinux\": expected an absolute path")
+        );
+    }
+}
+
+#[test]
+fn multi_line_kernel_params_rejected() {
+    let msg = err("[hypervisor.qemu]\nkernel_params = \"a\\nb\"\n");
+    assert!(
+        msg.contains("hypervisor.qemu.kernel_params = \"a\\nb\": expected a single line"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unknown_key_is_an_error_with_the_file() {
+    let msg = err("[hypervisor.qemu]\nmemory = 512\n");
+    assert!(msg.starts_with(&format!("{ORIGIN}: ")), "{msg}");
+    assert!(msg.contains("unknown field `memory`"), "{msg}");
+    assert!(msg.contains("line 2"), "{msg}");
+}
+
+#[test]
+fn unknown_sections_are_errors() {
+    assert!(
+        err("[hypervisor.firecracker]\npath = \"/x\"\n").contains("unknown field `firecracker`")
+    );
+    assert!(err("[shim]\n").contains("unknown field `shim`"));
+    assert!(err("[runtime]\nenable_tracing = true\n").contains("unknown field `enable_tracing`"));
+    assert!(err("[agent.kata]\ndebug = true\n").contains("unknown field `debug`"));
+}
+
+#[test]
+fn wrong_types_are_errors_with_the_file() {
+    let msg = err("[hypervisor.qemu]\ndefault_vcpus = \"2\"\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+    assert!(
+        msg.contains("default_vcpus") || msg.contains("line 2"),
+        "{msg}"
+    );
+    let msg = err("[hypervisor.qemu]\ndefault_memory = -1\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+    let msg = err("[runtime]\nenable_debug = \"yes\"\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+}
+
+#[test]
+fn broken_toml_is_an_error_with_the_file() {
+    let msg = err("[hypervisor.qemu\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+    assert!(msg.contains("line 1"), "{msg}");
+}
+
+#[test]
+fn load_from_reads_a_file_and_names_it_in_errors() {
+    let dir = std::env::temp_dir().join(format!("kata-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "[runtime]\nenable_debug = true\n").unwrap();
+    let c = Config::load_from(&good).unwrap();
+    assert!(c.runtime.enable_debug);
+    assert_eq!(c.origin, good);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[hypervisor.qemu]\naccelerator = \"xen\"\n").unwrap();
+    let msg = Config::load_from(&bad).unwrap_err().to_string();
+    assert!(msg.starts_with(&format!("{}: ", bad.display())), "{msg}");
+
+    let missing = dir.join("missing.toml");
+    let msg = Config::load_from(&missing).unwrap_err().to_string();
+    assert!(msg.contains("missing.toml: cannot read"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn validate_paths_reports_the_missing_one() {
+    let dir = std::env::temp_dir().join(format!("kata-config-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = |name: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        let mut perm = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+        std::fs::set_permissions(&p, perm).unwrap();
+        p
+    };
+    let qemu = exe("qemu");
+    let fsd = exe("virtiofsd");
+    let vsock = exe("vsock");
+    let kernel = dir.join("vmlinux");
+    std::fs::write(&kernel, "").unwrap();
+    let initrd = dir.join("initrd");
+    std::fs::write(&initrd, "").unwrap();
+    let text = |kernel: &Path, qemu: &Path| {
+        format!(
+            "[hypervisor.qemu]\npath = {:?}\nkernel = {:?}\ninitrd = {:?}\n\
+             virtio_fs_daemon = {:?}\nvsock_backend = {:?}\n",
+            qemu, kernel, initrd, fsd, vsock
+        )
+    };
+    parse(&text(&kernel, &qemu))
+        .unwrap()
+        .validate_paths()
+        .unwrap();
+
+    let missing = dir.join("no-vmlinux");
+    let msg = parse(&text(&missing, &qemu))
+        .unwrap()
+        .validate_paths()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        msg,
+        format!(
+            "{ORIGIN}: hypervisor.qemu.kernel = \"{}\": the file does not exist",
+            missing.display()
+        )
+    );
+
+    // A kernel is a file, not a directory; the QEMU binary must be executable.
+    let msg = parse(&text(&dir, &qemu))
+        .unwrap()
+        .validate_paths()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.ends_with("expected a regular file"), "{msg}");
+    let msg = parse(&text(&kernel, &kernel))
+        .unwrap()
+        .validate_paths()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("hypervisor.qemu.path") && msg.ends_with("the file is not executable"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn defaults_paths_are_checked_not_assumed() {
+    // The defaults name real install locations; on a dev host they may be missing, and
+    // validate_paths must then say which key, not panic.
+    if let Err(e) = Config::defaults().validate_paths() {
+        assert!(e.to_string().contains("hypervisor.qemu."), "{e}");
+    }
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Packs a statically linked guest init (the kata-agent) into a gzip'd newc cpio initrd.
+#
+#   guest/build-initrd.sh AGENT_BINARY OUTPUT.img
+#
+# Contents: /init (the binary, 0755), the empty directories the agent mounts on
+# (/proc /sys /dev /run /tmp /etc /sys/fs/cgroup) and the device nodes /dev/console (5,1)
+# and /dev/null (1,3), all owned by 0:0, names sorted, mtimes fixed (SOURCE_DATE_EPOCH,
+# default 0), so the same binary gives the same bytes. Must run as root (mknod).
+# Idempotent: the output is replaced atomically; nothing is written in the repository.
+set -euo pipefail
+
+prog=build-initrd
+die() { echo "$prog: $*" >&2; exit 1; }
+
+[ $# -eq 2 ] || die "usage: $0 AGENT_BINARY OUTPUT.img"
+agent=$1
+output=$2
+
+[ -f "$agent" ] || die "agent binary '$agent' does not exist or is not a regular file"
+[ -r "$agent" ] || die "agent binary '$agent' is not readable"
+for tool in readelf cpio gzip mknod; do
+    command -v "$tool" >/dev/null || die "'$tool' not found in PATH"
+done
+[ "$(id -u)" = 0 ] || die "must run as root (creates device nodes /dev/console and /dev/null)"
+
+# --- the binary must be a static x86-64 ELF executable (no interpreter, no DT_NEEDED) ---
+magic=$(head -c 4 "$agent" | od -An -c | tr -d ' ')
+[ "$magic" = '177ELF' ] || die "'$agent' is not an ELF file"
+hdr=$(LC_ALL=C readelf -h "$agent" 2>/dev/null) || die "readelf cannot read '$agent'"
+grep -qE 'Type:[[:space:]]+(EXEC|DYN)' <<<"$hdr" || die "'$agent' is not an executable ELF file"
+grep -q 'Advanced Micro Devices X86-64' <<<"$hdr" || die "'$agent' is not an x86-64 binary"
+# (captured first: with pipefail, `readelf | grep -q` could fail on SIGPIPE)
+phdrs=$(LC_ALL=C readelf -lW "$agent" 2>/dev/null) || die "readelf cannot read the program headers of '$agent'"
+if grep -q 'INTERP' <<<"$phdrs"; then
+    interp=$(sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p' <<<"$phdrs")
+    die "'$agent' is dynamically linked (interpreter ${interp:-?}); the guest has no libc.
+  Build it statically, e.g. RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu"
+fi
+dyn=$(LC_ALL=C readelf -dW "$agent" 2>/dev/null || true)
+if grep -q '(NEEDED)' <<<"$dyn"; then
+    libs=$(sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' <<<"$dyn" | tr '\n' ' ')
+    die "'$agent' needs shared libraries ($libs); build it statically (-C target-feature=+crt-static)"
+fi
+
+# --- staging directory (caller's TMPDIR), removed on exit ---
+stage=$(mktemp -d "${TMPDIR:-/tmp}/kata-initrd.XXXXXX")
+out_tmp=""
+cleanup() { rm -rf "$stage"; [ -z "$out_tmp" ] || rm -f "$out_tmp"; }
+trap cleanup EXIT
+
+root="$stage/root"
+mkdir -p "$root"
+for d in proc sys sys/fs sys/fs/cgroup dev run tmp etc; do
+    mkdir -p "$root/$d"
+    chmod 0755 "$root/$d"
+done
+chmod 1777 "$root/tmp"
+install -m 0755 "$agent" "$root/init"
+mknod -m 0600 "$root/dev/console" c 5 1
+mknod -m 0666 "$root/dev/null" c 1 3
+
+epoch=${SOURCE_DATE_EPOCH:-0}
+find "$root" -exec touch -h -d "@$epoch" {} +
+
+out_dir=$(dirname -- "$output")
+mkdir -p "$out_dir"
+out_tmp=$(mktemp "$out_dir/.$(basename -- "$output").XXXXXX")
+(
+    cd "$root"
+    find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort |
+        cpio --quiet -o -H newc -R 0:0 --reproducible
+) | gzip -n -6 >"$out_tmp"
+chmod 0644 "$out_tmp"
+mv -f "$out_tmp" "$output"
+out_tmp=""
+echo "$prog: wrote $output ($(stat -c %s "$output") bytes) with /init from $agent" >&2

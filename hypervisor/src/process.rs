@@ -1,0 +1,257 @@
+//! Helper and VMM processes, handled by pid.
+//!
+//! The shim process has a global SIGCHLD reaper (`waitpid(-1)`), so a child may be
+//! reaped by someone else at any time and `std::process::Child::wait` cannot be relied
+//! on. Everything here works from the pid alone: `waitpid(pid, WNOHANG)` when the
+//! process is still our child, `kill(pid, 0)` and `/proc/<pid>/stat` when it is not
+//! (already reaped, or left behind by a crashed shim and now re-parented).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::Error;
+
+/// How long processes get after SIGKILL before they are reported as survivors.
+const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Poll interval while waiting for a process to exit or a socket to appear.
+pub(crate) const POLL: Duration = Duration::from_millis(10);
+/// How much of a log file error messages quote.
+const TAIL_BYTES: u64 = 2048;
+const TAIL_LINES: usize = 15;
+
+/// A program to run in the background with stdout and stderr going to a log file.
+pub(crate) struct Daemon<'a> {
+    /// Names the step in errors, e.g. `virtiofsd`.
+    pub step: &'static str,
+    pub program: &'a Path,
+    pub args: Vec<String>,
+    pub env: Vec<(&'static str, String)>,
+    pub log: PathBuf,
+}
+
+impl Daemon<'_> {
+    /// Spawns the program and returns its pid. The `Child` handle is dropped on purpose:
+    /// the pid is what gets recorded, signalled and reaped.
+    pub fn spawn(&self) -> Result<i32, Error> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|source| Error::RunDir {
+                path: self.log.clone(),
+                source,
+            })?;
+        let log_err = log.try_clone().map_err(|source| Error::RunDir {
+            path: self.log.clone(),
+            source,
+        })?;
+        let child = Command::new(self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|e| Error::Step {
+                step: self.step,
+                reason: format!("cannot execute {}: {e}", self.program.display()),
+                log: self.log.clone(),
+                tail: String::new(),
+            })?;
+        // Pids fit in i32 on Linux (pid_max is at most 2^22).
+        Ok(child.id() as i32)
+    }
+
+    /// An error for this step with the tail of its log.
+    pub fn failed(&self, reason: String) -> Error {
+        Error::Step {
+            step: self.step,
+            reason,
+            tail: log_tail(&self.log),
+            log: self.log.clone(),
+        }
+    }
+}
+
+/// Whether a process is gone and, when we reaped it ourselves, how it ended.
+pub(crate) fn exit_description(pid: i32) -> Option<String> {
+    if pid <= 0 {
+        return Some("has no valid pid".into());
+    }
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return None,
+            Ok(WaitStatus::Exited(_, code)) => return Some(format!("exited with status {code}")),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Some(format!("was killed by {sig}")),
+            // Stopped/continued are only reported with WUNTRACED/WCONTINUED; treat as alive.
+            Ok(_) => return None,
+            Err(Errno::EINTR) => continue,
+            Err(_) => {
+                return if is_gone(pid) {
+                    Some("exited".into())
+                } else {
+                    None
+                };
+            }
+        }
+    }
+}
+
+/// Whether the process still runs (reaps it if it is our exited child).
+pub fn is_running(pid: i32) -> bool {
+    exit_description(pid).is_none()
+}
+
+/// For a process that is not (or no longer) our child: gone, or a zombie whose parent
+/// has not reaped it yet (it runs nothing any more).
+fn is_gone(pid: i32) -> bool {
+    match kill(Pid::from_raw(pid), None) {
+        Err(Errno::ESRCH) => true,
+        _ => is_zombie(pid),
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The state follows the parenthesised command name, which may itself hold ')'.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next())
+        .is_some_and(|state| state == 'Z' || state == 'X')
+}
+
+/// Sends SIGTERM to every pid, SIGKILL after `grace` to those still running, and waits
+/// until all are gone (reaping those that are our children). Pids `<= 0` are ignored.
+/// Returns the pids still running after SIGKILL and a further 5 s (normally none).
+///
+/// Used by `stop_vm`, by `start_vm` when a step fails, and by the shim's `delete` after a
+/// crashed shim, with the pids it persisted.
+pub fn kill_and_reap(pids: &[i32], grace: Duration) -> Vec<i32> {
+    let mut alive: Vec<i32> = pids.iter().copied().filter(|&p| p > 0).collect();
+    alive.sort_unstable();
+    alive.dedup();
+    for &pid in &alive {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    alive = wait_gone(alive, grace);
+    if alive.is_empty() {
+        return alive;
+    }
+    for &pid in &alive {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    wait_gone(alive, KILL_TIMEOUT)
+}
+
+/// Polls until every pid is gone or `timeout` passes; returns those still running.
+fn wait_gone(mut alive: Vec<i32>, timeout: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        alive.retain(|&pid| exit_description(pid).is_none());
+        if alive.is_empty() || Instant::now() >= deadline {
+            return alive;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// [`kill_and_reap`] on a blocking thread, for async callers.
+pub(crate) async fn kill_and_reap_async(pids: Vec<i32>, grace: Duration) -> Vec<i32> {
+    let fallback = pids.clone();
+    tokio::task::spawn_blocking(move || kill_and_reap(&pids, grace))
+        .await
+        .unwrap_or(fallback)
+}
+
+/// The last lines of a log file, for error messages; empty if it cannot be read.
+pub fn log_tail(path: &Path) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    if file.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spawn(cmd: &str) -> i32 {
+        Command::new("sh")
+            .args(["-c", cmd])
+            .spawn()
+            .map(|c| c.id() as i32)
+            .unwrap()
+    }
+
+    #[test]
+    fn sigterm_stops_a_cooperative_process() {
+        let pid = spawn("exec sleep 100");
+        assert_eq!(exit_description(pid), None);
+        assert!(kill_and_reap(&[pid], Duration::from_secs(5)).is_empty());
+        assert!(kill(Pid::from_raw(pid), None).is_err());
+    }
+
+    #[test]
+    fn sigkill_after_grace_for_a_process_ignoring_sigterm() {
+        let pid = spawn("trap '' TERM; while :; do sleep 0.05; done");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(kill_and_reap(&[pid], Duration::from_millis(200)).is_empty());
+        assert!(kill(Pid::from_raw(pid), None).is_err());
+    }
+
+    #[test]
+    fn already_reaped_and_invalid_pids_are_fine() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(kill_and_reap(&[pid, 0, -1], Duration::from_millis(100)).is_empty());
+    }
+
+    #[test]
+    fn exit_status_is_described() {
+        let pid = spawn("exit 3");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let desc = loop {
+            if let Some(d) = exit_description(pid) {
+                break d;
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(POLL);
+        };
+        assert_eq!(desc, "exited with status 3");
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("x.log");
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&log, text).unwrap();
+        let tail = log_tail(&log);
+        assert!(tail.ends_with("line 99"), "{tail}");
+        assert_eq!(tail.lines().count(), TAIL_LINES);
+        assert_eq!(log_tail(&dir.path().join("missing")), "");
+    }
+}

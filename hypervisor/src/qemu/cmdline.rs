@@ -1,0 +1,330 @@
+//! Command lines of QEMU and its vhost-user helpers: pure functions from configuration
+//! to argv, so they can be unit-tested and shown in logs.
+
+use std::path::Path;
+
+use kata_config::QemuConfig;
+
+use super::layout::RunDirLayout;
+use crate::accel::Accel;
+use crate::SHARED_FS_TAG;
+
+/// The guest kernel command line before the user's `kernel_params`. `reboot=t` with
+/// `-no-reboot` makes a guest reboot (or panic, with `panic=-1`) end QEMU.
+pub const BASE_KERNEL_PARAMS: &str = "console=ttyS0 reboot=t panic=-1";
+/// The guest CID (the only guest of its vsock backend).
+pub const GUEST_CID: u32 = 3;
+/// Descriptors per virtio-fs request queue.
+const FS_QUEUE_SIZE: u32 = 1024;
+
+/// virtiofsd's `--sandbox` mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsSandbox {
+    /// Own mount, pid and net namespaces (virtiofsd's default, preferred).
+    Namespace,
+    /// No isolation; the fallback where namespaces cannot be set up.
+    None,
+}
+
+impl FsSandbox {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Namespace => "namespace",
+            Self::None => "none",
+        }
+    }
+}
+
+/// Everything the QEMU command line depends on.
+pub struct QemuLaunch<'a> {
+    pub config: &'a QemuConfig,
+    pub layout: &'a RunDirLayout,
+    pub accel: Accel,
+    pub sandbox_id: &'a str,
+    pub debug: bool,
+}
+
+/// Added under TCG. TCG caches translated guest code by physical page and notices only
+/// writes made through QEMU itself; virtiofsd fills guest page-cache pages through its
+/// own mapping of guest memory, so a page that once held translated code could run stale
+/// translations once reused for a file's text (container binaries crashed at random).
+/// Zeroing every page on allocation is a guest CPU write, which drops those translations.
+pub const TCG_KERNEL_PARAMS: &str = "init_on_alloc=1";
+
+/// The guest kernel command line.
+pub fn kernel_cmdline(config: &QemuConfig, accel: Accel, debug: bool) -> String {
+    let mut cmdline = BASE_KERNEL_PARAMS.to_string();
+    if !debug {
+        cmdline.push_str(" quiet");
+    }
+    if accel == Accel::Tcg {
+        cmdline.push(' ');
+        cmdline.push_str(TCG_KERNEL_PARAMS);
+    }
+    let extra = config.kernel_params.trim();
+    if !extra.is_empty() {
+        cmdline.push(' ');
+        cmdline.push_str(extra);
+    }
+    cmdline
+}
+
+/// QEMU's arguments (without the program).
+pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
+    let mem = format!("{}M", l.config.default_memory);
+    let cpu = match l.accel {
+        Accel::Kvm => "host",
+        Accel::Tcg => "max",
+    };
+    let args = [
+        "-name".into(),
+        format!("sandbox-{}", opt(l.sandbox_id)),
+        "-M".into(),
+        format!(
+            "microvm,accel={},acpi=off,x-option-roms=off,rtc=off,memory-backend=mem",
+            l.accel
+        ),
+        "-cpu".into(),
+        cpu.into(),
+        "-m".into(),
+        mem.clone(),
+        "-smp".into(),
+        l.config.default_vcpus.to_string(),
+        // vhost-user backends map guest memory, so it must be shareable.
+        "-object".into(),
+        format!("memory-backend-memfd,id=mem,size={mem},share=on"),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-nographic".into(),
+        "-no-reboot".into(),
+        "-kernel".into(),
+        path(&l.config.kernel),
+        "-initrd".into(),
+        path(&l.config.initrd),
+        "-append".into(),
+        kernel_cmdline(l.config, l.accel, l.debug),
+        "-chardev".into(),
+        format!("file,id=console,path={}", opt_path(&l.layout.console_log)),
+        "-serial".into(),
+        "chardev:console".into(),
+        "-chardev".into(),
+        format!(
+            "socket,id=qmp,path={},server=on,wait=off",
+            opt_path(&l.layout.qmp_socket)
+        ),
+        "-mon".into(),
+        "chardev=qmp,mode=control".into(),
+        "-chardev".into(),
+        format!("socket,id=vsock,path={}", opt_path(&l.layout.vsock_socket)),
+        "-device".into(),
+        "vhost-user-vsock-device,chardev=vsock".into(),
+        "-chardev".into(),
+        format!("socket,id=fs,path={}", opt_path(&l.layout.virtiofsd_socket)),
+        "-device".into(),
+        format!("vhost-user-fs-device,chardev=fs,tag={SHARED_FS_TAG},queue-size={FS_QUEUE_SIZE}"),
+    ];
+    args.into()
+}
+
+/// virtiofsd's arguments.
+pub fn virtiofsd_args(
+    config: &QemuConfig,
+    layout: &RunDirLayout,
+    shared_dir: &Path,
+    sandbox: FsSandbox,
+    debug: bool,
+) -> Vec<String> {
+    let mut args = vec![
+        "--socket-path".into(),
+        path(&layout.virtiofsd_socket),
+        "--shared-dir".into(),
+        path(shared_dir),
+        "--cache".into(),
+        config.virtio_fs_cache.to_string(),
+        "--sandbox".into(),
+        sandbox.as_str().into(),
+        // No --announce-submounts: with it, our 6.1 guest crashed binaries run inside a
+        // chroot whose root is an announced submount (the container rootfs always is).
+    ];
+    if debug {
+        args.extend(["--log-level".into(), "debug".into()]);
+    }
+    args
+}
+
+/// vhost-device-vsock's arguments: one VM, hybrid vsock on the agent socket.
+pub fn vsock_backend_args(layout: &RunDirLayout) -> Vec<String> {
+    vec![
+        "--vm".into(),
+        format!(
+            "guest-cid={GUEST_CID},socket={},uds-path={}",
+            opt_path(&layout.vsock_socket),
+            opt_path(&layout.agent_socket)
+        ),
+    ]
+}
+
+/// A path as an argument of its own. Run directories are UTF-8 (checked in `start_vm`).
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A path inside a comma-separated option list.
+fn opt_path(p: &Path) -> String {
+    opt(&p.to_string_lossy())
+}
+
+/// QEMU (and vhost-device-vsock's `--vm`) split options on ','; QEMU reads ",," as a
+/// literal comma.
+fn opt(s: &str) -> String {
+    s.replace(',', ",,")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn config() -> QemuConfig {
+        kata_config::Config::from_str(
+            r#"
+[hypervisor.qemu]
+kernel = "/k/vmlinux"
+initrd = "/k/initrd.img"
+kernel_params = "agent.log=debug"
+default_vcpus = 2
+default_memory = 256
+virtio_fs_cache = "never"
+"#,
+            "test.toml",
+        )
+        .unwrap()
+        .hypervisor
+        .qemu
+    }
+
+    fn joined(args: &[String]) -> String {
+        args.join(" ")
+    }
+
+    #[test]
+    fn qemu_command_line_for_tcg() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
+        let args = qemu_args(&QemuLaunch {
+            config: &config,
+            layout: &layout,
+            accel: Accel::Tcg,
+            sandbox_id: "sb1",
+            debug: false,
+        });
+        assert_eq!(
+            joined(&args),
+            "-name sandbox-sb1 \
+             -M microvm,accel=tcg,acpi=off,x-option-roms=off,rtc=off,memory-backend=mem \
+             -cpu max -m 256M -smp 2 \
+             -object memory-backend-memfd,id=mem,size=256M,share=on \
+             -nodefaults -no-user-config -nographic -no-reboot \
+             -kernel /k/vmlinux -initrd /k/initrd.img \
+             -append console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 agent.log=debug \
+             -chardev file,id=console,path=/run/vc/sb1/console.log -serial chardev:console \
+             -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
+             -mon chardev=qmp,mode=control \
+             -chardev socket,id=vsock,path=/run/vc/sb1/vhost-vsock.sock \
+             -device vhost-user-vsock-device,chardev=vsock \
+             -chardev socket,id=fs,path=/run/vc/sb1/virtiofsd.sock \
+             -device vhost-user-fs-device,chardev=fs,tag=kataShared,queue-size=1024"
+        );
+        // The kernel command line is one argument.
+        let i = args.iter().position(|a| a == "-append").unwrap();
+        assert_eq!(
+            args[i + 1],
+            "console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 agent.log=debug"
+        );
+    }
+
+    #[test]
+    fn kvm_uses_host_cpu_and_debug_drops_quiet() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/r"));
+        let args = qemu_args(&QemuLaunch {
+            config: &config,
+            layout: &layout,
+            accel: Accel::Kvm,
+            sandbox_id: "x",
+            debug: true,
+        });
+        let s = joined(&args);
+        assert!(s.contains("microvm,accel=kvm,"), "{s}");
+        assert!(s.contains("-cpu host"), "{s}");
+        assert!(!s.contains("quiet"), "{s}");
+    }
+
+    #[test]
+    fn empty_kernel_params_add_nothing() {
+        let mut config = config();
+        config.kernel_params = "  ".into();
+        assert_eq!(
+            kernel_cmdline(&config, Accel::Kvm, false),
+            "console=ttyS0 reboot=t panic=-1 quiet"
+        );
+    }
+
+    #[test]
+    fn commas_in_paths_are_escaped_in_option_lists() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/run/a,b"));
+        let s = joined(&qemu_args(&QemuLaunch {
+            config: &config,
+            layout: &layout,
+            accel: Accel::Tcg,
+            sandbox_id: "id,x",
+            debug: false,
+        }));
+        assert!(s.contains("path=/run/a,,b/console.log"), "{s}");
+        assert!(s.contains("-name sandbox-id,,x"), "{s}");
+        assert!(joined(&vsock_backend_args(&layout)).contains("socket=/run/a,,b/vhost-vsock.sock"));
+    }
+
+    #[test]
+    fn virtiofsd_command_line() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
+        let shared = PathBuf::from("/run/kata-containers/shared/sb1");
+        assert_eq!(
+            joined(&virtiofsd_args(
+                &config,
+                &layout,
+                &shared,
+                FsSandbox::Namespace,
+                false
+            )),
+            "--socket-path /run/vc/sb1/virtiofsd.sock \
+             --shared-dir /run/kata-containers/shared/sb1 --cache never \
+             --sandbox namespace"
+        );
+        let s = joined(&virtiofsd_args(
+            &config,
+            &layout,
+            &shared,
+            FsSandbox::None,
+            true,
+        ));
+        assert!(s.contains("--sandbox none"), "{s}");
+        assert!(s.ends_with("--log-level debug"), "{s}");
+    }
+
+    #[test]
+    fn vsock_backend_command_line() {
+        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
+        assert_eq!(
+            vsock_backend_args(&layout),
+            vec![
+                "--vm".to_string(),
+                "guest-cid=3,socket=/run/vc/sb1/vhost-vsock.sock,\
+                 uds-path=/run/vc/sb1/kata.hvsock"
+                    .to_string()
+            ]
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! The QEMU backend: `qemu-system-x86_64 -M microvm` with vhost-user helpers.
+//!
+//! Start order: virtiofsd (virtio-fs, tag `kataShared`), then vhost-device-vsock (vsock
+//! with a hybrid vsock unix socket for the agent), each waited for until its socket
+//! appears, then QEMU, waited for until its QMP greeting (machine set up, guest running).
+//! If a step fails, everything already started is killed and reaped, and the error names
+//! the step and quotes its log. All processes log to files in the run directory.
+//!
+//! Processes are tracked by pid only (see [`crate::process`]); dropping a running
+//! [`Qemu`] leaves them running on purpose, so that a crashed shim's `delete` can still
+//! find and stop them from persisted pids.
+//!
+//! Hosts with `/dev/vhost-vsock` could use QEMU's in-kernel `vhost-vsock-device`, but the
+//! agent connection would then need AF_VSOCK on the host instead of the hybrid socket;
+//! until the shim speaks both, every host uses the vhost-user backend (TODO).
+
+pub mod cmdline;
+pub mod layout;
+mod qmp;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use kata_config::QemuConfig;
+use slog::{debug, info, o, warn, Logger};
+
+use crate::accel::{self, Accel};
+use crate::process::{exit_description, kill_and_reap_async, Daemon, POLL};
+use crate::{Error, Hypervisor, VmConfig, VmInfo};
+use cmdline::{FsSandbox, QemuLaunch};
+use layout::RunDirLayout;
+
+/// How long a helper daemon may take to create its socket.
+const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long QEMU may take to set up the machine (TCG on a busy host is slow).
+const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long processes get between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The QEMU backend of one sandbox.
+pub struct Qemu {
+    config: QemuConfig,
+    logger: Logger,
+    running: Option<Running>,
+}
+
+/// What a started VM consists of.
+struct Running {
+    vmm_pid: i32,
+    helper_pids: Vec<i32>,
+    layout: RunDirLayout,
+}
+
+impl Qemu {
+    pub fn new(config: QemuConfig, logger: Logger) -> Self {
+        Self {
+            config,
+            logger: logger.new(o!("hypervisor" => "qemu")),
+            running: None,
+        }
+    }
+
+    /// Starts the helpers and QEMU, pushing each pid to `started` as soon as it exists.
+    async fn launch(
+        &self,
+        cfg: &VmConfig,
+        layout: &RunDirLayout,
+        accel: Accel,
+        started: &mut Vec<i32>,
+    ) -> Result<i32, Error> {
+        self.start_virtiofsd(cfg, layout, started).await?;
+
+        let vsock = Daemon {
+            step: "the vsock backend",
+            program: &self.config.vsock_backend,
+            args: cmdline::vsock_backend_args(layout),
+            env: debug_env(cfg.debug),
+            log: layout.vsock_log.clone(),
+        };
+        self.log_command(&vsock);
+        let pid = vsock.spawn()?;
+        started.push(pid);
+        wait_for_sockets(&vsock, pid, &[&layout.vsock_socket, &layout.agent_socket]).await?;
+
+        let qemu = Daemon {
+            step: "qemu",
+            program: &self.config.path,
+            args: cmdline::qemu_args(&QemuLaunch {
+                config: &self.config,
+                layout,
+                accel,
+                sandbox_id: &cfg.sandbox_id,
+                debug: cfg.debug,
+            }),
+            env: Vec::new(),
+            log: layout.qemu_log.clone(),
+        };
+        self.log_command(&qemu);
+        let pid = qemu.spawn()?;
+        started.push(pid);
+        wait_for_qmp(&qemu, pid, &layout.qmp_socket).await?;
+        Ok(pid)
+    }
+
+    /// virtiofsd with `--sandbox namespace`, or `--sandbox none` if that dies at once
+    /// (e.g. no permission to create namespaces).
+    async fn start_virtiofsd(
+        &self,
+        cfg: &VmConfig,
+        layout: &RunDirLayout,
+        started: &mut Vec<i32>,
+    ) -> Result<(), Error> {
+        let daemon = |sandbox| Daemon {
+            step: "virtiofsd",
+            program: &self.config.virtio_fs_daemon,
+            args: cmdline::virtiofsd_args(
+                &self.config,
+                layout,
+                &cfg.shared_dir,
+                sandbox,
+                cfg.debug,
+            ),
+            env: Vec::new(),
+            log: layout.virtiofsd_log.clone(),
+        };
+        let preferred = daemon(FsSandbox::Namespace);
+        self.log_command(&preferred);
+        let pid = preferred.spawn()?;
+        started.push(pid);
+        match wait_for_sockets(&preferred, pid, &[&layout.virtiofsd_socket]).await {
+            Ok(()) => return Ok(()),
+            Err(Wait::Timeout(e)) => return Err(e),
+            Err(Wait::Died(e)) => warn!(self.logger,
+                "virtiofsd cannot sandbox itself in namespaces; retrying with --sandbox none";
+                "error" => e.to_string()),
+        }
+        let fallback = daemon(FsSandbox::None);
+        self.log_command(&fallback);
+        let pid = fallback.spawn()?;
+        started.push(pid);
+        wait_for_sockets(&fallback, pid, &[&layout.virtiofsd_socket])
+            .await
+            .map_err(Wait::into_error)
+    }
+
+    fn log_command(&self, d: &Daemon<'_>) {
+        info!(self.logger, "starting {}", d.step;
+            "command" => format!("{} {}", d.program.display(), d.args.join(" ")),
+            "log" => d.log.display().to_string());
+    }
+}
+
+#[async_trait]
+impl Hypervisor for Qemu {
+    async fn start_vm(&mut self, cfg: &VmConfig) -> Result<VmInfo, Error> {
+        if let Some(r) = &self.running {
+            return Err(Error::AlreadyRunning(r.vmm_pid));
+        }
+        for (what, dir) in [("run_dir", &cfg.run_dir), ("shared_dir", &cfg.shared_dir)] {
+            if dir.to_str().is_none() {
+                return Err(Error::Unsupported(format!(
+                    "{what} {} is not valid UTF-8, which QEMU's options cannot carry",
+                    dir.display()
+                )));
+            }
+        }
+        if Path::new("/dev/vhost-vsock").exists() {
+            debug!(
+                self.logger,
+                "/dev/vhost-vsock exists but the vhost-user vsock backend is used (hybrid vsock)"
+            );
+        }
+        let started_at = Instant::now();
+        let layout = RunDirLayout::new(&cfg.run_dir);
+        remove_stale(&layout)?;
+
+        let configured = self.config.accelerator;
+        let logger = self.logger.clone();
+        let choice = tokio::task::spawn_blocking(move || accel::choose(configured, &logger))
+            .await
+            .unwrap_or_else(|_| accel::AccelChoice {
+                accel: Accel::Tcg,
+                reason: "the accelerator probe panicked".into(),
+            });
+
+        let mut started = Vec::new();
+        match self.launch(cfg, &layout, choice.accel, &mut started).await {
+            Ok(vmm_pid) => {
+                let helper_pids: Vec<i32> = started.into_iter().filter(|&p| p != vmm_pid).collect();
+                // A virtiofsd that died before the fallback is already gone; keep only
+                // live helpers so `pids()` lists what needs stopping.
+                let helper_pids: Vec<i32> = helper_pids
+                    .into_iter()
+                    .filter(|&p| exit_description(p).is_none())
+                    .collect();
+                info!(self.logger, "VM started";
+                    "vmm_pid" => vmm_pid,
+                    "helper_pids" => format!("{helper_pids:?}"),
+                    "accelerator" => choice.accel.as_str(),
+                    "elapsed_ms" => started_at.elapsed().as_millis() as u64);
+                let info = VmInfo {
+                    agent_socket: layout.agent_socket.clone(),
+                    vmm_pid,
+                    helper_pids: helper_pids.clone(),
+                    console_log: layout.console_log.clone(),
+                    accelerator: choice.accel.as_str().into(),
+                };
+                self.running = Some(Running {
+                    vmm_pid,
+                    helper_pids,
+                    layout,
+                });
+                Ok(info)
+            }
+            Err(e) => {
+                warn!(self.logger, "VM start failed; stopping what was started";
+                    "error" => e.to_string(), "pids" => format!("{started:?}"));
+                let survivors = kill_and_reap_async(started, STOP_GRACE).await;
+                if !survivors.is_empty() {
+                    warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+                }
+                let _ = remove_stale(&layout);
+                Err(e)
+            }
+        }
+    }
+
+    async fn stop_vm(&mut self) -> Result<(), Error> {
+        let Some(running) = self.running.take() else {
+            return Ok(());
+        };
+        let mut pids = vec![running.vmm_pid];
+        pids.extend(&running.helper_pids);
+        info!(self.logger, "stopping VM"; "pids" => format!("{pids:?}"));
+        let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
+        if let Err(e) = remove_stale(&running.layout) {
+            warn!(self.logger, "cannot remove sockets"; "error" => e.to_string());
+        }
+        if survivors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Survivors { pids: survivors })
+        }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.running
+            .as_ref()
+            .map(|r| {
+                let mut pids = vec![r.vmm_pid];
+                pids.extend(&r.helper_pids);
+                pids
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn debug_env(debug: bool) -> Vec<(&'static str, String)> {
+    if debug {
+        vec![("RUST_LOG", "debug".into())]
+    } else {
+        Vec::new()
+    }
+}
+
+fn remove_stale(layout: &RunDirLayout) -> Result<(), Error> {
+    for path in layout.stale_files() {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::RunDir { path, source: e });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Why waiting for a process to be ready failed.
+enum Wait {
+    /// It exited first.
+    Died(Error),
+    /// It is still running but not ready.
+    Timeout(Error),
+}
+
+impl Wait {
+    fn into_error(self) -> Error {
+        match self {
+            Self::Died(e) | Self::Timeout(e) => e,
+        }
+    }
+}
+
+impl From<Wait> for Error {
+    fn from(w: Wait) -> Self {
+        w.into_error()
+    }
+}
+
+/// Waits until every socket exists, the process dies, or the deadline passes.
+async fn wait_for_sockets(d: &Daemon<'_>, pid: i32, sockets: &[&Path]) -> Result<(), Wait> {
+    let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
+    let names = || {
+        sockets
+            .iter()
+            .map(|s| s.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    };
+    loop {
+        if sockets.iter().all(|s| s.exists()) {
+            return Ok(());
+        }
+        if let Some(how) = exit_description(pid) {
+            return Err(Wait::Died(
+                d.failed(format!("it {how} before creating {}", names())),
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(Wait::Timeout(d.failed(format!(
+                "{} did not appear within {} s",
+                names(),
+                DAEMON_READY_TIMEOUT.as_secs()
+            ))));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits for QEMU's QMP greeting, QEMU's death, or the deadline.
+async fn wait_for_qmp(d: &Daemon<'_>, pid: i32, socket: &Path) -> Result<(), Wait> {
+    let deadline = Instant::now() + QEMU_READY_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Ok(qmp::Greeting::Ready) =
+            tokio::time::timeout(left, qmp::read_greeting(socket)).await
+        {
+            return Ok(());
+        }
+        if let Some(how) = exit_description(pid) {
+            return Err(Wait::Died(
+                d.failed(format!("it {how} before the VM was running")),
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(Wait::Timeout(d.failed(format!(
+                "it did not answer on {} within {} s",
+                socket.display(),
+                QEMU_READY_TIMEOUT.as_secs()
+            ))));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}

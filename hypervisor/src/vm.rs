@@ -1,0 +1,51 @@
+//! What every backend is asked for (the [`Hypervisor`] trait) and what it hands back.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+use crate::Error;
+
+/// What the shim asks of a sandbox VM.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// The sandbox id; names the VM in logs and process titles.
+    pub sandbox_id: String,
+    /// Per-sandbox directory (existing) for sockets and logs.
+    pub run_dir: PathBuf,
+    /// Host directory exported over virtio-fs with tag [`SHARED_FS_TAG`](crate::SHARED_FS_TAG).
+    pub shared_dir: PathBuf,
+    /// Debug logging in the helpers and guest boot messages on the console.
+    pub debug: bool,
+}
+
+/// What a started VM looks like from the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmInfo {
+    /// Hybrid vsock unix socket: connect, write `CONNECT 1024\n`, read `OK <n>\n`, then the
+    /// stream reaches guest port 1024.
+    pub agent_socket: PathBuf,
+    /// The VMM process.
+    pub vmm_pid: i32,
+    /// Helper daemons (virtiofsd, vsock backend).
+    pub helper_pids: Vec<i32>,
+    /// The guest's serial console output.
+    pub console_log: PathBuf,
+    /// `kvm` or `tcg`, as chosen.
+    pub accelerator: String,
+}
+
+/// A VMM backend. Implementations spawn processes and must leave none behind when
+/// `start_vm` fails or `stop_vm` returns.
+#[async_trait]
+pub trait Hypervisor: Send + Sync {
+    /// Starts the VM and its helpers; returns once the VMM is running the guest.
+    async fn start_vm(&mut self, cfg: &VmConfig) -> Result<VmInfo, Error>;
+
+    /// Stops the VM and its helpers and reaps them. Stopping a stopped VM is a no-op.
+    async fn stop_vm(&mut self) -> Result<(), Error>;
+
+    /// Every process this backend started and has not stopped yet, VMM first; what the
+    /// shim persists so that `delete` can clean up after a crashed shim.
+    fn pids(&self) -> Vec<i32>;
+}

@@ -1,0 +1,103 @@
+//! start_vm failures with stand-in programs (no guest needed): the error names the step
+//! and quotes its log, virtiofsd falls back to `--sandbox none`, and nothing started
+//! before the failing step is left running.
+
+use std::path::Path;
+
+use hypervisor::new_hypervisor;
+
+mod common;
+use common::{Binaries, Sandbox, SERIAL, VIRTIOFSD};
+
+fn failing_qemu(sb: &Sandbox) -> std::path::PathBuf {
+    sb.script(
+        "qemu",
+        "echo 'fake qemu: cannot start the machine' >&2\nexit 1",
+    )
+}
+
+#[tokio::test]
+async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
+    let _serial = SERIAL.lock().await;
+    if !common::helpers_installed() {
+        return;
+    }
+    let sb = Sandbox::new();
+    // A virtiofsd that cannot use namespaces, as in some containers.
+    let virtiofsd = sb.script(
+        "virtiofsd",
+        &format!(
+            "case \"$*\" in *'--sandbox namespace'*) \
+             echo 'fake: unshare: Operation not permitted' >&2; exit 1;; esac\n\
+             exec {VIRTIOFSD} \"$@\""
+        ),
+    );
+    let bins = Binaries {
+        qemu: failing_qemu(&sb),
+        virtiofsd,
+        ..Binaries::default()
+    };
+    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
+    let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
+    eprintln!("{err}");
+    assert!(
+        err.starts_with("starting qemu failed: it exited with status 1"),
+        "{err}"
+    );
+    assert!(err.contains("fake qemu: cannot start the machine"), "{err}");
+
+    let fs_log = std::fs::read_to_string(sb.vm_config().run_dir.join("virtiofsd.log")).unwrap();
+    assert!(fs_log.contains("Operation not permitted"), "{fs_log}");
+    assert!(fs_log.contains("Waiting for vhost-user socket"), "{fs_log}");
+    assert!(hv.pids().is_empty());
+    assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}
+
+#[tokio::test]
+async fn dying_vsock_backend_is_reported_with_its_log() {
+    let _serial = SERIAL.lock().await;
+    if !common::helpers_installed() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let bins = Binaries {
+        qemu: failing_qemu(&sb),
+        vsock: sb.script("vsock", "echo 'fake vsock: bad --vm option' >&2\nexit 2"),
+        ..Binaries::default()
+    };
+    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
+    let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
+    eprintln!("{err}");
+    assert!(
+        err.starts_with(
+            "starting the vsock backend failed: it exited with status 2 before creating"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("vhost-vsock.log:\nfake vsock: bad --vm option"),
+        "{err}"
+    );
+    // virtiofsd had started; it must be gone.
+    assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}
+
+#[tokio::test]
+async fn missing_binary_is_reported() {
+    let _serial = SERIAL.lock().await;
+    let sb = Sandbox::new();
+    let bins = Binaries {
+        virtiofsd: "/nonexistent/virtiofsd".into(),
+        ..Binaries::default()
+    };
+    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
+    let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("starting virtiofsd failed: cannot execute /nonexistent/virtiofsd"),
+        "{err}"
+    );
+    assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}

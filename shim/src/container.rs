@@ -1,0 +1,142 @@
+//! Containers and their processes as the shim tracks them, and the host side of a
+//! container: its rootfs mounted from containerd's snapshot and bound into the share.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use containerd_shim_protos::api::Mount;
+use tokio::sync::watch;
+
+use crate::io::{Relays, StdioPaths};
+use crate::mount;
+use crate::spec::HostBind;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Stopped,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Exit {
+    pub status: u32,
+    pub at: SystemTime,
+}
+
+pub struct Process {
+    pub stdio: StdioPaths,
+    /// The OCI process (JSON) of an exec; None for the init process.
+    pub spec: Option<Vec<u8>>,
+    pub status: Status,
+    pub exit_tx: watch::Sender<Option<Exit>>,
+    pub relays: Option<Relays>,
+}
+
+impl Process {
+    pub fn new(stdio: StdioPaths, spec: Option<Vec<u8>>) -> Self {
+        let (exit_tx, _) = watch::channel(None);
+        Process {
+            stdio,
+            spec,
+            status: Status::Created,
+            exit_tx,
+            relays: None,
+        }
+    }
+
+    pub fn exit(&self) -> Option<Exit> {
+        *self.exit_tx.borrow()
+    }
+}
+
+pub struct Container {
+    pub bundle: PathBuf,
+    /// Host mount points made for this container, unmounted in reverse order.
+    pub mounts: Vec<PathBuf>,
+    /// Its directory in the share (`<share>/mounts/<id>`), removed at delete.
+    pub share_dir: PathBuf,
+    pub init: Process,
+    pub execs: std::collections::HashMap<String, Process>,
+}
+
+impl Container {
+    pub fn process(&self, exec_id: &str) -> Option<&Process> {
+        if exec_id.is_empty() {
+            Some(&self.init)
+        } else {
+            self.execs.get(exec_id)
+        }
+    }
+
+    pub fn process_mut(&mut self, exec_id: &str) -> Option<&mut Process> {
+        if exec_id.is_empty() {
+            Some(&mut self.init)
+        } else {
+            self.execs.get_mut(exec_id)
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostSetupError {
+    #[error("mounting the container rootfs at {target}: {detail}")]
+    Rootfs { target: PathBuf, detail: String },
+    #[error(transparent)]
+    Mount(#[from] mount::MountError),
+}
+
+/// Mounts containerd's rootfs mounts at `<bundle>/rootfs` (if any; otherwise the bundle
+/// already holds the rootfs), then binds it and the spec's host binds into the share.
+/// Returns every mount point made, in order; on error, undoes its own work.
+pub async fn setup_host_mounts(
+    bundle: &Path,
+    rootfs: &[Mount],
+    share_dir: &Path,
+    binds: &[HostBind],
+) -> Result<Vec<PathBuf>, HostSetupError> {
+    let mut made = Vec::new();
+    let result = async {
+        let host_rootfs = bundle.join("rootfs");
+        for m in rootfs {
+            std::fs::create_dir_all(&host_rootfs).map_err(|e| HostSetupError::Rootfs {
+                target: host_rootfs.clone(),
+                detail: e.to_string(),
+            })?;
+            containerd_shim::asynchronous::util::mount_rootfs(m, &host_rootfs)
+                .await
+                .map_err(|e| HostSetupError::Rootfs {
+                    target: host_rootfs.clone(),
+                    detail: format!("{} mount from {}: {e}", m.type_, m.source),
+                })?;
+            made.push(host_rootfs.clone());
+        }
+        let target = share_dir.join("rootfs");
+        mount::bind(&host_rootfs, &target, false)?;
+        made.push(target);
+        for b in binds {
+            let target = share_dir.join(&b.share_rel);
+            mount::bind(&b.source, &target, b.readonly)?;
+            made.push(target);
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => Ok(made),
+        Err(e) => {
+            mount::unmount_all(&made);
+            let _ = mount::remove_dir_if_unmounted(share_dir);
+            Err(e)
+        }
+    }
+}
+
+/// Undoes `setup_host_mounts`.
+pub fn teardown_host_mounts(mounts: &[PathBuf], share_dir: &Path) {
+    mount::unmount_all(mounts);
+    for m in mount::mounts_under(share_dir) {
+        mount::unmount(&m);
+    }
+    let _ = mount::remove_dir_if_unmounted(share_dir);
+}

@@ -1,0 +1,226 @@
+//! Relays a process's stdio between containerd's fifos on the host and the agent.
+//!
+//! Output is pulled with `ReadStdout`/`ReadStderr` long polls and written to the fifo;
+//! the relay finishes only at the guest's end of stream, so the shim reports an exit
+//! after every byte has been delivered. Input is read from the stdin fifo and pushed with
+//! `WriteStdin`; end of file there (or CloseIO) becomes `CloseStdin` in the guest.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slog::{debug, warn, Logger};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::agent::Agent;
+
+/// Bytes asked for per read request: large enough to amortise a round trip, well under
+/// ttrpc's 4 MiB message limit.
+const READ_CHUNK: u32 = 1 << 20;
+const WRITE_CHUNK: usize = 128 << 10;
+
+/// The fifo paths containerd gave for one process (empty = not wanted).
+#[derive(Debug, Clone, Default)]
+pub struct StdioPaths {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+/// The running relays of one process.
+pub struct Relays {
+    outputs: Vec<JoinHandle<()>>,
+    stdin: Option<StdinRelay>,
+}
+
+struct StdinRelay {
+    path: PathBuf,
+    close: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl Relays {
+    /// Starts the relays for process `exec_id` of container `cid`.
+    pub fn start(agent: &Agent, cid: &str, exec_id: &str, paths: &StdioPaths, log: &Logger) -> Self {
+        let mut outputs = Vec::new();
+        if !paths.stdout.is_empty() {
+            outputs.push(spawn_output(agent, cid, exec_id, false, &paths.stdout, log));
+        } else {
+            outputs.push(spawn_drain(agent, cid, exec_id, false));
+        }
+        if !paths.terminal {
+            if !paths.stderr.is_empty() {
+                outputs.push(spawn_output(agent, cid, exec_id, true, &paths.stderr, log));
+            } else {
+                outputs.push(spawn_drain(agent, cid, exec_id, true));
+            }
+        }
+        let stdin = (!paths.stdin.is_empty()).then(|| {
+            let close = Arc::new(Notify::new());
+            let task = spawn_input(agent, cid, exec_id, &paths.stdin, close.clone(), log);
+            StdinRelay {
+                path: PathBuf::from(&paths.stdin),
+                close,
+                task,
+            }
+        });
+        Relays { outputs, stdin }
+    }
+
+    /// Waits until every output stream has reached its end.
+    pub async fn wait_outputs(&mut self) {
+        for task in self.outputs.drain(..) {
+            let _ = task.await;
+        }
+    }
+
+    /// CloseIO: stop forwarding stdin and close it in the guest.
+    pub fn close_stdin(&mut self) {
+        if let Some(s) = &self.stdin {
+            s.close.notify_one();
+        }
+    }
+
+    /// Stops the stdin relay of a process that has exited. A relay still blocked opening
+    /// the fifo is released by opening the other end ourselves.
+    pub fn stop_stdin(&mut self) {
+        if let Some(s) = self.stdin.take() {
+            s.close.notify_one();
+            s.task.abort();
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&s.path);
+        }
+    }
+}
+
+impl Drop for Relays {
+    fn drop(&mut self) {
+        self.stop_stdin();
+        for t in &self.outputs {
+            t.abort();
+        }
+    }
+}
+
+/// Reads a stream nobody on the host wants, so the guest pipe never fills up.
+fn spawn_drain(agent: &Agent, cid: &str, exec_id: &str, stderr: bool) -> JoinHandle<()> {
+    let (agent, cid, exec_id) = (agent.clone(), cid.to_string(), exec_id.to_string());
+    tokio::spawn(async move {
+        while let Ok(data) = agent.read_stream(&cid, &exec_id, stderr, READ_CHUNK).await {
+            if data.is_empty() {
+                break;
+            }
+        }
+    })
+}
+
+fn spawn_output(agent: &Agent, cid: &str, exec_id: &str, stderr: bool, path: &str, log: &Logger) -> JoinHandle<()> {
+    let (agent, cid, exec_id, path) = (agent.clone(), cid.to_string(), exec_id.to_string(), path.to_string());
+    let log = log.clone();
+    tokio::spawn(async move {
+        let name = if stderr { "stderr" } else { "stdout" };
+        // containerd holds the read side open already; a blocking open returns at once.
+        let p = path.clone();
+        let opened = tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p)).await;
+        let mut fifo = match opened {
+            Ok(Ok(f)) => match pipe::Sender::from_file(f) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(log, "{name} is not a fifo, output is discarded"; "path" => &path, "error" => %e);
+                    None
+                }
+            },
+            Ok(Err(e)) => {
+                warn!(log, "cannot open {name} fifo, output is discarded"; "path" => &path, "error" => %e);
+                None
+            }
+            Err(_) => None,
+        };
+        let mut total: u64 = 0;
+        loop {
+            let data = match agent.read_stream(&cid, &exec_id, stderr, READ_CHUNK).await {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(log, "reading {name} from the guest failed"; "container" => &cid, "exec" => &exec_id, "error" => %e);
+                    break;
+                }
+            };
+            if data.is_empty() {
+                break;
+            }
+            total += data.len() as u64;
+            if let Some(f) = fifo.as_mut() {
+                // The fifo applies containerd's back-pressure to the guest.
+                if let Err(e) = f.write_all(&data).await {
+                    warn!(log, "{name} reader went away, discarding the rest"; "error" => %e);
+                    fifo = None;
+                }
+            }
+        }
+        debug!(log, "{name} relay done"; "container" => &cid, "exec" => &exec_id, "bytes" => total);
+    })
+}
+
+fn spawn_input(
+    agent: &Agent,
+    cid: &str,
+    exec_id: &str,
+    path: &str,
+    close: Arc<Notify>,
+    log: &Logger,
+) -> JoinHandle<()> {
+    let (agent, cid, exec_id, path) = (agent.clone(), cid.to_string(), exec_id.to_string(), path.to_string());
+    let log = log.clone();
+    tokio::spawn(async move {
+        let p = path.clone();
+        // Blocks until a writer opens the fifo; EOF then means the writer closed it.
+        let opened = tokio::select! {
+            r = tokio::task::spawn_blocking(move || File::open(&p)) => r,
+            _ = close.notified() => {
+                let _ = agent.close_stdin(&cid, &exec_id).await;
+                return;
+            }
+        };
+        let file = match opened {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => {
+                warn!(log, "cannot open stdin fifo"; "path" => &path, "error" => %e);
+                let _ = agent.close_stdin(&cid, &exec_id).await;
+                return;
+            }
+            Err(_) => return,
+        };
+        let mut fifo = match pipe::Receiver::from_file(file) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(log, "stdin is not a fifo"; "path" => &path, "error" => %e);
+                let _ = agent.close_stdin(&cid, &exec_id).await;
+                return;
+            }
+        };
+        let mut buf = vec![0u8; WRITE_CHUNK];
+        loop {
+            let n = tokio::select! {
+                r = fifo.read(&mut buf) => r.unwrap_or(0),
+                _ = close.notified() => 0,
+            };
+            if n == 0 {
+                break;
+            }
+            if let Err(e) = agent.write_stdin(&cid, &exec_id, buf[..n].to_vec()).await {
+                warn!(log, "writing stdin to the guest failed"; "error" => %e);
+                return;
+            }
+        }
+        if let Err(e) = agent.close_stdin(&cid, &exec_id).await {
+            debug!(log, "closing stdin in the guest failed"; "error" => %e);
+        }
+    })
+}

@@ -1,0 +1,173 @@
+//! Rewrites a container's OCI spec from host terms into guest terms: the rootfs and every
+//! host bind mount become paths under the virtio-fs share as the guest sees it. The spec
+//! stays a JSON value so fields this shim does not know reach the agent unchanged.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// A host path the shim must bind into the share for the guest to see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostBind {
+    pub source: PathBuf,
+    /// Relative to the container's directory in the share.
+    pub share_rel: PathBuf,
+    pub readonly: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("config.json is not a valid OCI spec: {0}")]
+    Invalid(String),
+    #[error("mount {index} ({destination}): bind source {path} does not exist on the host")]
+    MissingSource {
+        index: usize,
+        destination: String,
+        path: String,
+    },
+}
+
+/// Where the guest finds container `cid`'s directory of the share.
+pub fn guest_container_dir(cid: &str) -> PathBuf {
+    Path::new(protocols::GUEST_SHARED_DIR).join(cid)
+}
+
+fn is_bind(m: &Value) -> bool {
+    let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
+    let opts = m.get("options").and_then(Value::as_array);
+    ty == "bind"
+        || opts.is_some_and(|o| o.iter().any(|v| matches!(v.as_str(), Some("bind") | Some("rbind"))))
+}
+
+fn has_option(m: &Value, opt: &str) -> bool {
+    m.get("options")
+        .and_then(Value::as_array)
+        .is_some_and(|o| o.iter().any(|v| v.as_str() == Some(opt)))
+}
+
+/// Rewrites `spec` for the guest and returns the host binds it now relies on.
+pub fn rewrite_for_guest(spec: &mut Value, cid: &str) -> Result<Vec<HostBind>, SpecError> {
+    let guest_dir = guest_container_dir(cid);
+    let obj = spec
+        .as_object_mut()
+        .ok_or_else(|| SpecError::Invalid("the top level is not an object".into()))?;
+    let root = obj
+        .entry("root")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let root = root
+        .as_object_mut()
+        .ok_or_else(|| SpecError::Invalid("root is not an object".into()))?;
+    root.insert(
+        "path".into(),
+        Value::String(guest_dir.join("rootfs").display().to_string()),
+    );
+
+    let mut binds = Vec::new();
+    if let Some(mounts) = obj.get_mut("mounts").and_then(Value::as_array_mut) {
+        for (index, m) in mounts.iter_mut().enumerate() {
+            if !is_bind(m) {
+                continue;
+            }
+            let source = m.get("source").and_then(Value::as_str).unwrap_or("").to_string();
+            let destination = m.get("destination").and_then(Value::as_str).unwrap_or("").to_string();
+            if !Path::new(&source).exists() {
+                return Err(SpecError::MissingSource {
+                    index,
+                    destination,
+                    path: source,
+                });
+            }
+            let name = Path::new(&destination)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "root".into());
+            let share_rel = PathBuf::from("mounts").join(format!("{index}-{name}"));
+            binds.push(HostBind {
+                source: PathBuf::from(&source),
+                share_rel: share_rel.clone(),
+                readonly: has_option(m, "ro"),
+            });
+            m["source"] = Value::String(guest_dir.join(&share_rel).display().to_string());
+        }
+    }
+
+    // Namespace paths name host namespaces, which mean nothing inside the VM.
+    if let Some(nss) = obj
+        .get_mut("linux")
+        .and_then(|l| l.get_mut("namespaces"))
+        .and_then(Value::as_array_mut)
+    {
+        for ns in nss.iter_mut() {
+            if let Some(o) = ns.as_object_mut() {
+                o.remove("path");
+            }
+        }
+    }
+    Ok(binds)
+}
+
+/// The annotations that tell a pod's sandbox container from its other containers.
+pub mod annotations {
+    pub const CONTAINER_TYPE: &[&str] = &["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
+    pub const SANDBOX_ID: &[&str] = &["io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID"];
+}
+
+/// The sandbox a container belongs to: itself, unless its annotations name another.
+pub fn sandbox_of(spec: &Value, cid: &str) -> String {
+    let ann = spec.get("annotations");
+    let get = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| ann.and_then(|a| a.get(*k)).and_then(Value::as_str))
+            .map(str::to_string)
+    };
+    match get(annotations::CONTAINER_TYPE).as_deref() {
+        Some("container") => get(annotations::SANDBOX_ID).unwrap_or_else(|| cid.to_string()),
+        _ => cid.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rootfs_and_binds_point_into_the_share() {
+        let mut spec = json!({
+            "root": {"path": "rootfs"},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/data", "type": "bind", "source": "/tmp", "options": ["rbind", "ro"]},
+                {"destination": "/etc/hosts", "source": "/etc/hosts", "options": ["bind"]}
+            ],
+            "linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}, {"type": "pid"}]},
+            "unknownField": 1
+        });
+        let binds = rewrite_for_guest(&mut spec, "c1").unwrap();
+        assert_eq!(spec["root"]["path"], "/run/kata-containers/shared/containers/c1/rootfs");
+        assert_eq!(spec["mounts"][0]["source"], "proc");
+        assert_eq!(spec["mounts"][1]["source"], "/run/kata-containers/shared/containers/c1/mounts/1-data");
+        assert_eq!(spec["mounts"][2]["source"], "/run/kata-containers/shared/containers/c1/mounts/2-hosts");
+        assert_eq!(spec["unknownField"], 1);
+        assert!(spec["linux"]["namespaces"][0].get("path").is_none());
+        assert_eq!(binds.len(), 2);
+        assert!(binds[0].readonly && !binds[1].readonly);
+        assert_eq!(binds[0].source, PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn missing_bind_source_is_named() {
+        let mut spec = json!({"mounts": [{"destination": "/d", "type": "bind", "source": "/no/such/dir"}]});
+        let err = rewrite_for_guest(&mut spec, "c1").unwrap_err().to_string();
+        assert!(err.contains("/no/such/dir") && err.contains("/d"), "{err}");
+    }
+
+    #[test]
+    fn pod_containers_join_their_sandbox() {
+        let pod = json!({"annotations": {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "sb"}});
+        assert_eq!(sandbox_of(&pod, "c2"), "sb");
+        let sb = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"}});
+        assert_eq!(sandbox_of(&sb, "sb"), "sb");
+        assert_eq!(sandbox_of(&json!({}), "solo"), "solo");
+    }
+}
