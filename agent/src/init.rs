@@ -146,16 +146,25 @@ pub fn leave_initramfs() -> Result<(), String> {
     let new_root = Path::new("/newroot");
     let none: Option<&str> = None;
     fs::create_dir_all(new_root).map_err(|e| format!("create {}: {e}", new_root.display()))?;
-    mount(Some("tmpfs"), new_root, Some("tmpfs"), MsFlags::MS_NOSUID, Some("mode=0755"))
-        .map_err(|e| format!("mount tmpfs on {}: {e}", new_root.display()))?;
+    mount(
+        Some("tmpfs"),
+        new_root,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    )
+    .map_err(|e| format!("mount tmpfs on {}: {e}", new_root.display()))?;
     for dir in ["proc", "sys", "dev", "run", "tmp", "etc"] {
-        fs::create_dir_all(new_root.join(dir)).map_err(|e| format!("create /newroot/{dir}: {e}"))?;
+        fs::create_dir_all(new_root.join(dir))
+            .map_err(|e| format!("create /newroot/{dir}: {e}"))?;
     }
-    fs::copy("/init", new_root.join("init")).map_err(|e| format!("copy /init to the new root: {e}"))?;
+    fs::copy("/init", new_root.join("init"))
+        .map_err(|e| format!("copy /init to the new root: {e}"))?;
     // Free the initramfs copy; the new root holds the binary from now on.
     let _ = fs::remove_file("/init");
     std::env::set_current_dir(new_root).map_err(|e| format!("chdir /newroot: {e}"))?;
-    mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(|e| format!("move /newroot to /: {e}"))?;
+    mount(Some("."), "/", none, MsFlags::MS_MOVE, none)
+        .map_err(|e| format!("move /newroot to /: {e}"))?;
     nix::unistd::chroot(".").map_err(|e| format!("chroot into the new root: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     let init = std::ffi::CString::new("/init").map_err(|e| e.to_string())?;

@@ -43,7 +43,10 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
     if !reply.to_ascii_uppercase().starts_with("OK") {
         return Err(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
-            format!("hybrid vsock handshake for port {port} answered {:?}", reply.trim_end()),
+            format!(
+                "hybrid vsock handshake for port {port} answered {:?}",
+                reply.trim_end()
+            ),
         ));
     }
     Ok(stream)
@@ -67,19 +70,27 @@ fn control() -> ttrpc::context::Context {
 
 macro_rules! rpc {
     ($op:literal, $call:expr) => {
-        $call.await.map_err(|source| AgentError::Rpc { op: $op, source })
+        $call
+            .await
+            .map_err(|source| AgentError::Rpc { op: $op, source })
     };
 }
 
 impl Agent {
     /// Dials until the agent answers `Check`, or `timeout` passes.
-    pub async fn dial(socket: &Path, port: u32, timeout: Duration) -> Result<(Self, CheckResponse)> {
+    pub async fn dial(
+        socket: &Path,
+        port: u32,
+        timeout: Duration,
+    ) -> Result<(Self, CheckResponse)> {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
         while start.elapsed() < timeout {
             match hybrid_vsock_connect(socket, port).await {
                 Ok(stream) => {
-                    let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::from(stream));
+                    let client = ttrpc::r#async::Client::new(
+                        ttrpc::r#async::transport::Socket::from(stream),
+                    );
                     let agent = Agent {
                         client: AgentServiceClient::new(client),
                     };
@@ -107,23 +118,38 @@ impl Agent {
             stdin,
             ..Default::default()
         };
-        rpc!("CreateContainer", self.client.create_container(control(), &req))?;
+        rpc!(
+            "CreateContainer",
+            self.client.create_container(control(), &req)
+        )?;
         Ok(())
     }
 
     pub async fn start_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!("StartContainer", self.client.start_container(control(), &req))?;
+        rpc!(
+            "StartContainer",
+            self.client.start_container(control(), &req)
+        )?;
         Ok(())
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!("RemoveContainer", self.client.remove_container(control(), &req))?;
+        rpc!(
+            "RemoveContainer",
+            self.client.remove_container(control(), &req)
+        )?;
         Ok(())
     }
 
-    pub async fn exec_process(&self, id: &str, exec_id: &str, process: Vec<u8>, stdin: bool) -> Result<()> {
+    pub async fn exec_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: Vec<u8>,
+        stdin: bool,
+    ) -> Result<()> {
         let req = ExecProcessRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -135,7 +161,13 @@ impl Agent {
         Ok(())
     }
 
-    pub async fn signal_process(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+    pub async fn signal_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        signal: u32,
+        all: bool,
+    ) -> Result<()> {
         let req = SignalProcessRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -161,7 +193,13 @@ impl Agent {
     }
 
     /// Up to `len` bytes of the process's stdout (or stderr); empty at end of stream.
-    pub async fn read_stream(&self, id: &str, exec_id: &str, stderr: bool, len: u32) -> Result<Vec<u8>> {
+    pub async fn read_stream(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stderr: bool,
+        len: u32,
+    ) -> Result<Vec<u8>> {
         let req = ReadStreamRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -193,7 +231,13 @@ impl Agent {
         Ok(())
     }
 
-    pub async fn tty_win_resize(&self, id: &str, exec_id: &str, rows: u32, columns: u32) -> Result<()> {
+    pub async fn tty_win_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        rows: u32,
+        columns: u32,
+    ) -> Result<()> {
         let req = TtyWinResizeRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -208,7 +252,10 @@ impl Agent {
     /// Asks the guest to end the VM; a closed connection is the expected answer.
     pub async fn destroy_sandbox(&self) -> Result<()> {
         let ctx = ttrpc::context::with_duration(Duration::from_secs(2));
-        rpc!("DestroySandbox", self.client.destroy_sandbox(ctx, &Empty::new()))?;
+        rpc!(
+            "DestroySandbox",
+            self.client.destroy_sandbox(ctx, &Empty::new())
+        )?;
         Ok(())
     }
 }

@@ -39,7 +39,11 @@ impl Events {
 
     async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
         let ctx = ttrpc::context::with_duration(std::time::Duration::from_secs(5));
-        if let Err(e) = self.publisher.publish(ctx, topic, &self.namespace, event).await {
+        if let Err(e) = self
+            .publisher
+            .publish(ctx, topic, &self.namespace, event)
+            .await
+        {
             warn!(self.log, "publishing event failed"; "topic" => topic, "error" => %e);
         }
     }
@@ -58,7 +62,8 @@ impl Events {
             pid,
             ..Default::default()
         };
-        self.publish(topics::TASK_CREATE_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_CREATE_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 
     pub async fn start(&self, cid: &str, pid: u32) {
@@ -67,19 +72,25 @@ impl Events {
             pid,
             ..Default::default()
         };
-        self.publish(topics::TASK_START_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_START_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 
     pub async fn exit(&self, cid: &str, exec_id: &str, pid: u32, status: u32, at: SystemTime) {
         let ev = TaskExit {
             container_id: cid.to_string(),
-            id: if exec_id.is_empty() { cid.to_string() } else { exec_id.to_string() },
+            id: if exec_id.is_empty() {
+                cid.to_string()
+            } else {
+                exec_id.to_string()
+            },
             pid,
             exit_status: status,
             exited_at: MessageField::some(timestamp(at)),
             ..Default::default()
         };
-        self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 
     pub async fn delete(&self, cid: &str, pid: u32, status: u32, at: Option<SystemTime>) {
@@ -91,7 +102,8 @@ impl Events {
             exited_at: at.map(timestamp).into(),
             ..Default::default()
         };
-        self.publish(topics::TASK_DELETE_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_DELETE_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 
     pub async fn exec_added(&self, cid: &str, exec_id: &str) {
@@ -100,7 +112,8 @@ impl Events {
             exec_id: exec_id.to_string(),
             ..Default::default()
         };
-        self.publish(topics::TASK_EXEC_ADDED_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_EXEC_ADDED_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 
     pub async fn exec_started(&self, cid: &str, exec_id: &str, pid: u32) {
@@ -110,6 +123,7 @@ impl Events {
             pid,
             ..Default::default()
         };
-        self.publish(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(ev)).await;
+        self.publish(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(ev))
+            .await;
     }
 }

@@ -46,7 +46,13 @@ struct StdinRelay {
 
 impl Relays {
     /// Starts the relays for process `exec_id` of container `cid`.
-    pub fn start(agent: &Agent, cid: &str, exec_id: &str, paths: &StdioPaths, log: &Logger) -> Self {
+    pub fn start(
+        agent: &Agent,
+        cid: &str,
+        exec_id: &str,
+        paths: &StdioPaths,
+        log: &Logger,
+    ) -> Self {
         let mut outputs = Vec::new();
         if !paths.stdout.is_empty() {
             outputs.push(spawn_output(agent, cid, exec_id, false, &paths.stdout, log));
@@ -121,14 +127,28 @@ fn spawn_drain(agent: &Agent, cid: &str, exec_id: &str, stderr: bool) -> JoinHan
     })
 }
 
-fn spawn_output(agent: &Agent, cid: &str, exec_id: &str, stderr: bool, path: &str, log: &Logger) -> JoinHandle<()> {
-    let (agent, cid, exec_id, path) = (agent.clone(), cid.to_string(), exec_id.to_string(), path.to_string());
+fn spawn_output(
+    agent: &Agent,
+    cid: &str,
+    exec_id: &str,
+    stderr: bool,
+    path: &str,
+    log: &Logger,
+) -> JoinHandle<()> {
+    let (agent, cid, exec_id, path) = (
+        agent.clone(),
+        cid.to_string(),
+        exec_id.to_string(),
+        path.to_string(),
+    );
     let log = log.clone();
     tokio::spawn(async move {
         let name = if stderr { "stderr" } else { "stdout" };
         // containerd holds the read side open already; a blocking open returns at once.
         let p = path.clone();
-        let opened = tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p)).await;
+        let opened =
+            tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p))
+                .await;
         let mut fifo = match opened {
             Ok(Ok(f)) => match pipe::Sender::from_file(f) {
                 Ok(s) => Some(s),
@@ -176,7 +196,12 @@ fn spawn_input(
     close: Arc<Notify>,
     log: &Logger,
 ) -> JoinHandle<()> {
-    let (agent, cid, exec_id, path) = (agent.clone(), cid.to_string(), exec_id.to_string(), path.to_string());
+    let (agent, cid, exec_id, path) = (
+        agent.clone(),
+        cid.to_string(),
+        exec_id.to_string(),
+        path.to_string(),
+    );
     let log = log.clone();
     tokio::spawn(async move {
         let p = path.clone();

@@ -22,5 +22,6 @@ async fn main() {
         no_setup_logger: true,
         ..Default::default()
     };
-    containerd_shim::asynchronous::run::<service::Service>("io.containerd.kata.v2", Some(config)).await;
+    containerd_shim::asynchronous::run::<service::Service>("io.containerd.kata.v2", Some(config))
+        .await;
 }

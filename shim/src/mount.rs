@@ -67,16 +67,28 @@ impl SharedDirs {
         std::fs::create_dir_all(&self.shared).map_err(io_err("create", &self.shared))?;
         let mut made = Vec::new();
         let none: Option<&str> = None;
-        mount(Some(&self.mounts), &self.mounts, none, MsFlags::MS_BIND, none)
-            .map_err(err("bind", &self.mounts))?;
+        mount(
+            Some(&self.mounts),
+            &self.mounts,
+            none,
+            MsFlags::MS_BIND,
+            none,
+        )
+        .map_err(err("bind", &self.mounts))?;
         made.push(self.mounts.clone());
         let result = (|| {
             mount(none, &self.mounts, none, MsFlags::MS_PRIVATE, none)
                 .map_err(err("make private", &self.mounts))?;
             mount(none, &self.mounts, none, MsFlags::MS_SHARED, none)
                 .map_err(err("make shared", &self.mounts))?;
-            mount(Some(&self.mounts), &self.shared, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
-                .map_err(err("bind", &self.shared))?;
+            mount(
+                Some(&self.mounts),
+                &self.shared,
+                none,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                none,
+            )
+            .map_err(err("bind", &self.shared))?;
             made.push(self.shared.clone());
             mount(
                 none,
@@ -113,7 +125,14 @@ pub fn bind(src: &Path, dst: &Path, readonly: bool) -> Result<()> {
             .map_err(io_err("create", dst))?;
     }
     let none: Option<&str> = None;
-    mount(Some(src), dst, none, MsFlags::MS_BIND | MsFlags::MS_REC, none).map_err(err("bind", dst))?;
+    mount(
+        Some(src),
+        dst,
+        none,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        none,
+    )
+    .map_err(err("bind", dst))?;
     if readonly {
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         if let Err(e) = mount(none, dst, none, flags, none) {
@@ -183,6 +202,26 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Removes `dir` recursively, but only when nothing is mounted at or below it: removing
+/// through a still-mounted bind would delete the user's files on the host.
+pub fn remove_dir_if_unmounted(dir: &Path) -> std::io::Result<()> {
+    let left = mounts_under(dir);
+    if !left.is_empty() {
+        return Err(std::io::Error::other(format!(
+            "{} still has mounts ({}); not removing it",
+            dir.display(),
+            left.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,22 +238,5 @@ mod tests {
         let d = SharedDirs::for_sandbox("sb1");
         assert_eq!(d.mounts, Path::new(SHARE_ROOT).join("sb1/mounts"));
         assert_eq!(d.shared, Path::new(SHARE_ROOT).join("sb1/shared"));
-    }
-}
-
-/// Removes `dir` recursively, but only when nothing is mounted at or below it: removing
-/// through a still-mounted bind would delete the user's files on the host.
-pub fn remove_dir_if_unmounted(dir: &Path) -> std::io::Result<()> {
-    let left = mounts_under(dir);
-    if !left.is_empty() {
-        return Err(std::io::Error::other(format!(
-            "{} still has mounts ({}); not removing it",
-            dir.display(),
-            left.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        )));
-    }
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
     }
 }

@@ -96,7 +96,11 @@ fn mkdir(path: &Path) -> Result<(), SandboxError> {
 
 impl Sandbox {
     /// Boots the VM for sandbox `id` and connects to its agent.
-    pub async fn create(id: &str, cfg: &kata_config::Config, log: &Logger) -> Result<Sandbox, SandboxError> {
+    pub async fn create(
+        id: &str,
+        cfg: &kata_config::Config,
+        log: &Logger,
+    ) -> Result<Sandbox, SandboxError> {
         let t0 = Instant::now();
         let shared = SharedDirs::for_sandbox(id);
         let run_dir = Path::new(VM_RUN_ROOT).join(id);
@@ -111,7 +115,10 @@ impl Sandbox {
         };
         match Self::create_steps(id, cfg, log, &shared, &run_dir, &mut progress, t0).await {
             Ok((agent, vm_info)) => {
-                let vm = progress.vm.take().ok_or_else(|| SandboxError::Vm("VM handle lost".into()))?;
+                let vm = progress
+                    .vm
+                    .take()
+                    .ok_or_else(|| SandboxError::Vm("VM handle lost".into()))?;
                 Ok(Sandbox {
                     agent,
                     shared,

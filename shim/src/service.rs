@@ -59,7 +59,8 @@ impl Shim for Service {
         let sandbox_id = sandbox_id_of_bundle(&opts.id);
         if sandbox_id != opts.id {
             // A pod container: its sandbox's daemon serves it; spawn nothing.
-            let address = containerd_shim::socket_address(&opts.address, &opts.namespace, &sandbox_id);
+            let address =
+                containerd_shim::socket_address(&opts.address, &opts.namespace, &sandbox_id);
             let path = address.trim_start_matches("unix://");
             if std::os::unix::net::UnixStream::connect(path).is_err() {
                 return Err(other(format!(
@@ -87,11 +88,15 @@ impl Shim for Service {
                 cleanup_host(&state, &log);
             }
         } else {
-            let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id).mounts.join(&self.id);
+            let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)
+                .mounts
+                .join(&self.id);
             crate::container::teardown_host_mounts(&[], &share);
         }
         let rootfs = Path::new("rootfs");
-        for m in crate::mount::mounts_under(&std::env::current_dir().unwrap_or_default().join(rootfs)) {
+        for m in
+            crate::mount::mounts_under(&std::env::current_dir().unwrap_or_default().join(rootfs))
+        {
             crate::mount::unmount(&m);
         }
         Ok(DeleteResponse {

@@ -36,7 +36,10 @@ fn is_bind(m: &Value) -> bool {
     let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
     let opts = m.get("options").and_then(Value::as_array);
     ty == "bind"
-        || opts.is_some_and(|o| o.iter().any(|v| matches!(v.as_str(), Some("bind") | Some("rbind"))))
+        || opts.is_some_and(|o| {
+            o.iter()
+                .any(|v| matches!(v.as_str(), Some("bind") | Some("rbind")))
+        })
 }
 
 fn has_option(m: &Value, opt: &str) -> bool {
@@ -68,8 +71,16 @@ pub fn rewrite_for_guest(spec: &mut Value, cid: &str) -> Result<Vec<HostBind>, S
             if !is_bind(m) {
                 continue;
             }
-            let source = m.get("source").and_then(Value::as_str).unwrap_or("").to_string();
-            let destination = m.get("destination").and_then(Value::as_str).unwrap_or("").to_string();
+            let source = m
+                .get("source")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let destination = m
+                .get("destination")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             if !Path::new(&source).exists() {
                 return Err(SpecError::MissingSource {
                     index,
@@ -108,8 +119,14 @@ pub fn rewrite_for_guest(spec: &mut Value, cid: &str) -> Result<Vec<HostBind>, S
 
 /// The annotations that tell a pod's sandbox container from its other containers.
 pub mod annotations {
-    pub const CONTAINER_TYPE: &[&str] = &["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
-    pub const SANDBOX_ID: &[&str] = &["io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID"];
+    pub const CONTAINER_TYPE: &[&str] = &[
+        "io.kubernetes.cri.container-type",
+        "io.kubernetes.cri-o.ContainerType",
+    ];
+    pub const SANDBOX_ID: &[&str] = &[
+        "io.kubernetes.cri.sandbox-id",
+        "io.kubernetes.cri-o.SandboxID",
+    ];
 }
 
 /// The sandbox a container belongs to: itself, unless its annotations name another.
@@ -144,10 +161,19 @@ mod tests {
             "unknownField": 1
         });
         let binds = rewrite_for_guest(&mut spec, "c1").unwrap();
-        assert_eq!(spec["root"]["path"], "/run/kata-containers/shared/containers/c1/rootfs");
+        assert_eq!(
+            spec["root"]["path"],
+            "/run/kata-containers/shared/containers/c1/rootfs"
+        );
         assert_eq!(spec["mounts"][0]["source"], "proc");
-        assert_eq!(spec["mounts"][1]["source"], "/run/kata-containers/shared/containers/c1/mounts/1-data");
-        assert_eq!(spec["mounts"][2]["source"], "/run/kata-containers/shared/containers/c1/mounts/2-hosts");
+        assert_eq!(
+            spec["mounts"][1]["source"],
+            "/run/kata-containers/shared/containers/c1/mounts/1-data"
+        );
+        assert_eq!(
+            spec["mounts"][2]["source"],
+            "/run/kata-containers/shared/containers/c1/mounts/2-hosts"
+        );
         assert_eq!(spec["unknownField"], 1);
         assert!(spec["linux"]["namespaces"][0].get("path").is_none());
         assert_eq!(binds.len(), 2);
@@ -157,7 +183,8 @@ mod tests {
 
     #[test]
     fn missing_bind_source_is_named() {
-        let mut spec = json!({"mounts": [{"destination": "/d", "type": "bind", "source": "/no/such/dir"}]});
+        let mut spec =
+            json!({"mounts": [{"destination": "/d", "type": "bind", "source": "/no/such/dir"}]});
         let err = rewrite_for_guest(&mut spec, "c1").unwrap_err().to_string();
         assert!(err.contains("/no/such/dir") && err.contains("/d"), "{err}");
     }

@@ -31,9 +31,15 @@ fn status(code: Code, msg: impl Into<String>) -> TtrpcError {
 
 fn not_found(cid: &str, exec_id: &str) -> TtrpcError {
     if exec_id.is_empty() {
-        status(Code::NOT_FOUND, format!("container {cid} not found in this sandbox"))
+        status(
+            Code::NOT_FOUND,
+            format!("container {cid} not found in this sandbox"),
+        )
     } else {
-        status(Code::NOT_FOUND, format!("process {exec_id} of container {cid} not found"))
+        status(
+            Code::NOT_FOUND,
+            format!("process {exec_id} of container {cid} not found"),
+        )
     }
 }
 
@@ -69,7 +75,13 @@ pub struct TaskService {
 }
 
 impl TaskService {
-    pub fn new(sandbox_id: &str, events: Events, exit: Arc<ExitSignal>, log: Logger, debug: DebugSwitch) -> Self {
+    pub fn new(
+        sandbox_id: &str,
+        events: Events,
+        exit: Arc<ExitSignal>,
+        log: Logger,
+        debug: DebugSwitch,
+    ) -> Self {
         TaskService {
             sandbox_id: sandbox_id.to_string(),
             state: Arc::new(Mutex::new(State::default())),
@@ -116,7 +128,11 @@ impl TaskService {
             let pid = {
                 let mut st = state.lock().await;
                 let pid = st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0);
-                if let Some(p) = st.containers.get_mut(&cid).and_then(|c| c.process_mut(&exec_id)) {
+                if let Some(p) = st
+                    .containers
+                    .get_mut(&cid)
+                    .and_then(|c| c.process_mut(&exec_id))
+                {
                     p.status = Status::Stopped;
                     p.exit_tx.send_replace(Some(Exit { status: code, at }));
                 }
@@ -131,19 +147,34 @@ impl TaskService {
         let t0 = Instant::now();
         let bundle = PathBuf::from(&req.bundle);
         let spec_path = bundle.join("config.json");
-        let text = std::fs::read(&spec_path)
-            .map_err(|e| status(Code::INVALID_ARGUMENT, format!("reading {}: {e}", spec_path.display())))?;
-        let mut spec: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| status(Code::INVALID_ARGUMENT, format!("{}: {e}", spec_path.display())))?;
+        let text = std::fs::read(&spec_path).map_err(|e| {
+            status(
+                Code::INVALID_ARGUMENT,
+                format!("reading {}: {e}", spec_path.display()),
+            )
+        })?;
+        let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+            status(
+                Code::INVALID_ARGUMENT,
+                format!("{}: {e}", spec_path.display()),
+            )
+        })?;
         let sandbox_id = spec::sandbox_of(&spec, &req.id);
         if sandbox_id != self.sandbox_id {
             return Err(status(
                 Code::FAILED_PRECONDITION,
-                format!("container {} belongs to sandbox {sandbox_id}, but this shim serves sandbox {}", req.id, self.sandbox_id),
+                format!(
+                    "container {} belongs to sandbox {sandbox_id}, but this shim serves sandbox {}",
+                    req.id, self.sandbox_id
+                ),
             ));
         }
-        let binds = spec::rewrite_for_guest(&mut spec, &req.id).map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
-        let terminal = spec.pointer("/process/terminal").and_then(|v| v.as_bool()).unwrap_or(req.terminal);
+        let binds = spec::rewrite_for_guest(&mut spec, &req.id)
+            .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let terminal = spec
+            .pointer("/process/terminal")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(req.terminal);
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -153,26 +184,41 @@ impl TaskService {
 
         let mut st = self.state.lock().await;
         if st.containers.contains_key(&req.id) {
-            return Err(status(Code::ALREADY_EXISTS, format!("container {} already exists", req.id)));
+            return Err(status(
+                Code::ALREADY_EXISTS,
+                format!("container {} already exists", req.id),
+            ));
         }
         let first = st.sandbox.is_none();
         if first {
             if req.id != self.sandbox_id {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
-                    format!("sandbox {} is not running: create its sandbox container first", self.sandbox_id),
+                    format!(
+                        "sandbox {} is not running: create its sandbox container first",
+                        self.sandbox_id
+                    ),
                 ));
             }
-            let cfg = kata_config::Config::load().map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
-            cfg.validate_paths().map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
+            let cfg = kata_config::Config::load()
+                .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
+            cfg.validate_paths()
+                .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
             self.debug.set(cfg.runtime.enable_debug);
             debug!(self.log, "phase: shim start"; "elapsed_ms" => 0u64, "container" => &req.id);
             let sb = Sandbox::create(&self.sandbox_id, &cfg, &self.log)
                 .await
-                .map_err(|e| status(Code::UNKNOWN, format!("creating VM sandbox {}: {e}", self.sandbox_id)))?;
+                .map_err(|e| {
+                    status(
+                        Code::UNKNOWN,
+                        format!("creating VM sandbox {}: {e}", self.sandbox_id),
+                    )
+                })?;
             st.sandbox = Some(sb);
         }
-        let result = self.create_in_sandbox(&mut st, req, &bundle, &spec, &binds, stdio.clone()).await;
+        let result = self
+            .create_in_sandbox(&mut st, req, &bundle, &spec, &binds, stdio.clone())
+            .await;
         match result {
             Ok(pid) => {
                 debug!(self.log, "phase: container created"; "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
@@ -200,7 +246,10 @@ impl TaskService {
         binds: &[spec::HostBind],
         stdio: StdioPaths,
     ) -> Result<u32> {
-        let sb = st.sandbox.as_mut().ok_or_else(|| failed("sandbox vanished"))?;
+        let sb = st
+            .sandbox
+            .as_mut()
+            .ok_or_else(|| failed("sandbox vanished"))?;
         let share_dir = sb.shared.mounts.join(&req.id);
         let mounts = container::setup_host_mounts(bundle, &req.rootfs, &share_dir, binds)
             .await
@@ -209,7 +258,11 @@ impl TaskService {
         sb.state.containers.push(req.id.clone());
         sb.save();
         let spec_bytes = serde_json::to_vec(spec).map_err(failed)?;
-        if let Err(e) = sb.agent.create_container(&req.id, spec_bytes, !stdio.stdin.is_empty()).await {
+        if let Err(e) = sb
+            .agent
+            .create_container(&req.id, spec_bytes, !stdio.stdin.is_empty())
+            .await
+        {
             container::teardown_host_mounts(&mounts, &share_dir);
             sb.state.mounts.retain(|m| !mounts.contains(m));
             sb.state.containers.retain(|c| c != &req.id);
@@ -235,7 +288,10 @@ impl TaskService {
     /// Removes container `cid` from the guest and the host; ends the sandbox when it was
     /// the last one.
     async fn delete_container(&self, st: &mut State, cid: &str) -> Result<Option<Exit>> {
-        let c = st.containers.remove(cid).ok_or_else(|| not_found(cid, ""))?;
+        let c = st
+            .containers
+            .remove(cid)
+            .ok_or_else(|| not_found(cid, ""))?;
         let exit = c.init.exit();
         if let Some(sb) = st.sandbox.as_mut() {
             if let Err(e) = sb.agent.remove_container(cid).await {
@@ -266,10 +322,17 @@ fn proc_status(s: Status) -> containerd_shim_protos::api::Status {
 
 #[async_trait]
 impl Task for TaskService {
-    async fn create(&self, _ctx: &TtrpcContext, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> Result<CreateTaskResponse> {
         info!(self.log, "create"; "container" => &req.id, "bundle" => &req.bundle);
         if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
-            return Err(status(Code::UNIMPLEMENTED, "restoring a checkpoint is not supported for VM sandboxes"));
+            return Err(status(
+                Code::UNIMPLEMENTED,
+                "restoring a checkpoint is not supported for VM sandboxes",
+            ));
         }
         let pid = self.create_container(&req).await?;
         Ok(CreateTaskResponse {
@@ -282,20 +345,50 @@ impl Task for TaskService {
         let mut st = self.state.lock().await;
         let sb = st.sandbox.as_ref().ok_or_else(|| not_found(&req.id, ""))?;
         let (agent, pid) = (sb.agent.clone(), sb.task_pid());
-        let c = st.containers.get_mut(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c.process_mut(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
+        let p = c
+            .process_mut(&req.exec_id)
+            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
         if p.status != Status::Created {
-            return Err(status(Code::FAILED_PRECONDITION, format!("process {:?} of {} was already started", req.exec_id, req.id)));
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!(
+                    "process {:?} of {} was already started",
+                    req.exec_id, req.id
+                ),
+            ));
         }
-        if req.exec_id.is_empty() {
-            agent.start_container(&req.id).await.map_err(agent_err)?;
+        let started = if req.exec_id.is_empty() {
+            agent.start_container(&req.id).await
         } else {
             let spec = p.spec.clone().unwrap_or_default();
-            agent
+            let r = agent
                 .exec_process(&req.id, &req.exec_id, spec, !p.stdio.stdin.is_empty())
-                .await
-                .map_err(agent_err)?;
-            p.relays = Some(Relays::start(&agent, &req.id, &req.exec_id, &p.stdio, &self.log));
+                .await;
+            if r.is_ok() {
+                p.relays = Some(Relays::start(
+                    &agent,
+                    &req.id,
+                    &req.exec_id,
+                    &p.stdio,
+                    &self.log,
+                ));
+            }
+            r
+        };
+        if let Err(e) = started {
+            // As with runc, a process that failed to start is stopped, so that containerd
+            // can delete it (it refuses to delete a task that looks merely created).
+            p.status = Status::Stopped;
+            p.relays = None;
+            p.exit_tx.send_replace(Some(Exit {
+                status: 255,
+                at: SystemTime::now(),
+            }));
+            return Err(agent_err(e));
         }
         p.status = Status::Running;
         drop(st);
@@ -314,11 +407,20 @@ impl Task for TaskService {
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> Result<StateResponse> {
         let st = self.state.lock().await;
-        let c = st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c.process(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
+        let p = c
+            .process(&req.exec_id)
+            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
         let exit = p.exit();
         Ok(StateResponse {
-            id: if req.exec_id.is_empty() { req.id.clone() } else { req.exec_id.clone() },
+            id: if req.exec_id.is_empty() {
+                req.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
             bundle: c.bundle.display().to_string(),
             pid: st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0),
             status: proc_status(p.status).into(),
@@ -336,15 +438,27 @@ impl Task for TaskService {
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> Result<WaitResponse> {
         let mut rx = {
             let st = self.state.lock().await;
-            let c = st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-            c.process(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?.exit_tx.subscribe()
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(&req.id, ""))?;
+            c.process(&req.exec_id)
+                .ok_or_else(|| not_found(&req.id, &req.exec_id))?
+                .exit_tx
+                .subscribe()
         };
         let exit = loop {
             if let Some(e) = *rx.borrow_and_update() {
                 break e;
             }
             if rx.changed().await.is_err() {
-                return Err(status(Code::NOT_FOUND, format!("process {:?} of {} was deleted before it exited", req.exec_id, req.id)));
+                return Err(status(
+                    Code::NOT_FOUND,
+                    format!(
+                        "process {:?} of {} was deleted before it exited",
+                        req.exec_id, req.id
+                    ),
+                ));
             }
         };
         Ok(WaitResponse {
@@ -356,13 +470,25 @@ impl Task for TaskService {
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> Result<Empty> {
         let st = self.state.lock().await;
-        let agent = st.sandbox.as_ref().map(|s| s.agent.clone()).ok_or_else(|| not_found(&req.id, ""))?;
-        let c = st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c.process(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let agent = st
+            .sandbox
+            .as_ref()
+            .map(|s| s.agent.clone())
+            .ok_or_else(|| not_found(&req.id, ""))?;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
+        let p = c
+            .process(&req.exec_id)
+            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
         match p.status {
             Status::Stopped => return Ok(Empty::new()),
             Status::Created if !req.exec_id.is_empty() => {
-                return Err(status(Code::FAILED_PRECONDITION, format!("process {} was never started", req.exec_id)));
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("process {} was never started", req.exec_id),
+                ));
             }
             _ => {}
         }
@@ -379,12 +505,24 @@ impl Task for TaskService {
         let mut st = self.state.lock().await;
         let pid = st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0);
         if !req.exec_id.is_empty() {
-            let c = st.containers.get_mut(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-            let p = c.execs.get(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+            let c = st
+                .containers
+                .get_mut(&req.id)
+                .ok_or_else(|| not_found(&req.id, ""))?;
+            let p = c
+                .execs
+                .get(&req.exec_id)
+                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
             if p.status == Status::Running {
-                return Err(status(Code::FAILED_PRECONDITION, format!("process {} is still running; kill it first", req.exec_id)));
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("process {} is still running; kill it first", req.exec_id),
+                ));
             }
-            let p = c.execs.remove(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+            let p = c
+                .execs
+                .remove(&req.exec_id)
+                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
             let exit = p.exit();
             return Ok(DeleteResponse {
                 pid,
@@ -393,33 +531,59 @@ impl Task for TaskService {
                 ..Default::default()
             });
         }
-        let c = st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
+        let c = st
+            .containers
+            .get(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
         if c.init.status == Status::Running {
-            return Err(status(Code::FAILED_PRECONDITION, format!("container {} is still running; kill it first", req.id)));
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!("container {} is still running; kill it first", req.id),
+            ));
         }
         info!(self.log, "delete"; "container" => &req.id);
         let exit = self.delete_container(&mut st, &req.id).await?;
         drop(st);
         let code = exit.map(|e| e.status).unwrap_or(0);
-        self.events.delete(&req.id, pid, code, exit.map(|e| e.at)).await;
+        self.events
+            .delete(&req.id, pid, code, exit.map(|e| e.at))
+            .await;
         Ok(DeleteResponse {
             pid,
             exit_status: code,
-            exited_at: MessageField::some(timestamp(exit.map(|e| e.at).unwrap_or_else(SystemTime::now))),
+            exited_at: MessageField::some(timestamp(
+                exit.map(|e| e.at).unwrap_or_else(SystemTime::now),
+            )),
             ..Default::default()
         })
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
         let mut st = self.state.lock().await;
-        let c = st.containers.get_mut(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
         if c.init.status != Status::Running {
-            return Err(status(Code::FAILED_PRECONDITION, format!("container {} is not running", req.id)));
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!("container {} is not running", req.id),
+            ));
         }
         if c.execs.contains_key(&req.exec_id) {
-            return Err(status(Code::ALREADY_EXISTS, format!("exec id {} is already in use in container {}", req.exec_id, req.id)));
+            return Err(status(
+                Code::ALREADY_EXISTS,
+                format!(
+                    "exec id {} is already in use in container {}",
+                    req.exec_id, req.id
+                ),
+            ));
         }
-        let spec = req.spec.as_ref().map(|a| a.value.clone()).unwrap_or_default();
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
         let terminal = serde_json::from_slice::<serde_json::Value>(&spec)
             .ok()
             .and_then(|v| v.get("terminal").and_then(|t| t.as_bool()))
@@ -430,7 +594,8 @@ impl Task for TaskService {
             stderr: req.stderr.clone(),
             terminal,
         };
-        c.execs.insert(req.exec_id.clone(), Process::new(stdio, Some(spec)));
+        c.execs
+            .insert(req.exec_id.clone(), Process::new(stdio, Some(spec)));
         drop(st);
         self.events.exec_added(&req.id, &req.exec_id).await;
         Ok(Empty::new())
@@ -439,9 +604,16 @@ impl Task for TaskService {
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> Result<Empty> {
         let agent = {
             let st = self.state.lock().await;
-            let c = st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-            c.process(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
-            st.sandbox.as_ref().map(|s| s.agent.clone()).ok_or_else(|| not_found(&req.id, ""))?
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(&req.id, ""))?;
+            c.process(&req.exec_id)
+                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+            st.sandbox
+                .as_ref()
+                .map(|s| s.agent.clone())
+                .ok_or_else(|| not_found(&req.id, ""))?
         };
         agent
             .tty_win_resize(&req.id, &req.exec_id, req.height, req.width)
@@ -452,8 +624,13 @@ impl Task for TaskService {
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> Result<Empty> {
         let mut st = self.state.lock().await;
-        let c = st.containers.get_mut(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c.process_mut(&req.exec_id).ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let c = st
+            .containers
+            .get_mut(&req.id)
+            .ok_or_else(|| not_found(&req.id, ""))?;
+        let p = c
+            .process_mut(&req.exec_id)
+            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
         if req.stdin {
             if let Some(r) = p.relays.as_mut() {
                 r.close_stdin();
@@ -465,8 +642,13 @@ impl Task for TaskService {
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> Result<PidsResponse> {
         let agent = {
             let st = self.state.lock().await;
-            st.containers.get(&req.id).ok_or_else(|| not_found(&req.id, ""))?;
-            st.sandbox.as_ref().map(|s| s.agent.clone()).ok_or_else(|| not_found(&req.id, ""))?
+            st.containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(&req.id, ""))?;
+            st.sandbox
+                .as_ref()
+                .map(|s| s.agent.clone())
+                .ok_or_else(|| not_found(&req.id, ""))?
         };
         let pids = agent.list_processes(&req.id).await.map_err(agent_err)?;
         Ok(PidsResponse {
@@ -507,22 +689,37 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, _req: PauseRequest) -> Result<Empty> {
-        Err(status(Code::UNIMPLEMENTED, "pause is not implemented yet by the kata shim"))
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "pause is not implemented yet by the kata shim",
+        ))
     }
 
     async fn resume(&self, _ctx: &TtrpcContext, _req: ResumeRequest) -> Result<Empty> {
-        Err(status(Code::UNIMPLEMENTED, "resume is not implemented yet by the kata shim"))
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "resume is not implemented yet by the kata shim",
+        ))
     }
 
     async fn checkpoint(&self, _ctx: &TtrpcContext, _req: CheckpointTaskRequest) -> Result<Empty> {
-        Err(status(Code::UNIMPLEMENTED, "checkpoint is not supported for VM sandboxes"))
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "checkpoint is not supported for VM sandboxes",
+        ))
     }
 
     async fn update(&self, _ctx: &TtrpcContext, _req: UpdateTaskRequest) -> Result<Empty> {
-        Err(status(Code::UNIMPLEMENTED, "update is not implemented yet by the kata shim"))
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "update is not implemented yet by the kata shim",
+        ))
     }
 
     async fn stats(&self, _ctx: &TtrpcContext, _req: StatsRequest) -> Result<StatsResponse> {
-        Err(status(Code::UNIMPLEMENTED, "stats are not implemented yet by the kata shim"))
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "stats are not implemented yet by the kata shim",
+        ))
     }
 }

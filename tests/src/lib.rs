@@ -1,1 +1,231 @@
+//! Harness of the end-to-end tests: a private containerd per test (started and stopped by
+//! `scripts/containerd-private.sh`), `ctr` invocations as a user types them, and the
+//! leak checks every case ends with.
+//!
+//! `make test` provides the inputs through the environment: `KATA_TEST_KERNEL`,
+//! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2`) and
+//! `KATA_TEST_IMAGE` (the busybox image archive).
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const IMAGE: &str = "docker.io/library/busybox:latest";
+pub const RUNTIME: &str = "io.containerd.kata.v2";
+
+fn env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: run the end-to-end tests with `make test`"))
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A private containerd with the busybox image imported, stopped (with everything it
+/// started) when dropped, also when the test fails.
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    path_env: String,
+    conf_file: PathBuf,
+}
+
+impl Containerd {
+    pub fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating the test dir");
+        let conf_file = dir.join("configuration.toml");
+        std::fs::write(
+            &conf_file,
+            format!(
+                "[hypervisor.qemu]\nkernel = \"{}\"\ninitrd = \"{}\"\n[runtime]\nenable_debug = true\n",
+                env("KATA_TEST_KERNEL"),
+                env("KATA_TEST_INITRD")
+            ),
+        )
+        .expect("writing the test configuration");
+        let path_env = format!(
+            "{}:{}",
+            env("KATA_TEST_SHIM_DIR"),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let c = Containerd {
+            socket: dir.join("containerd.sock"),
+            dir,
+            path_env,
+            conf_file,
+        };
+        let out = c.script("start");
+        assert!(
+            out.status.success(),
+            "starting containerd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = c.ctr(&["images", "import", &env("KATA_TEST_IMAGE")]);
+        assert!(
+            out.status.success(),
+            "importing the image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c
+    }
+
+    fn script(&self, action: &str) -> Output {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/containerd-private.sh"))
+            .arg(action)
+            .arg(&self.dir)
+            .env("PATH", &self.path_env)
+            .env("KATA_CONF_FILE", &self.conf_file)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running containerd-private.sh")
+    }
+
+    /// `ctr` against this containerd.
+    pub fn ctr_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("-a")
+            .arg(&self.socket)
+            .args(args)
+            .env("PATH", &self.path_env);
+        cmd
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_cmd(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running ctr")
+    }
+
+    /// `ctr run --runtime io.containerd.kata.v2 --rm [extra] IMAGE id cmd...`.
+    pub fn run_args(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Vec<String> {
+        let fifo = self.dir.join("fifo");
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--runtime".into(),
+            RUNTIME.into(),
+            "--fifo-dir".into(),
+            fifo.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push(IMAGE.into());
+        args.push(id.into());
+        args.extend(cmd.iter().map(|s| s.to_string()));
+        args
+    }
+
+    pub fn run(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        let args = self.run_args(id, extra, cmd);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ctr(&refs)
+    }
+
+    /// The containerd log (where the shim's log lines land), for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let out = self.script("stop");
+        if !out.status.success() {
+            eprintln!(
+                "stopping containerd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// What is left on the host of sandbox `id`: processes, mounts, directories.
+pub fn leftovers(id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let markers = [
+        format!("/run/vc/vm/{id}/"),
+        format!("sandbox-{id} "),
+        format!("/sandboxes/{id}/"),
+    ];
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            let shim = cmdline.contains("containerd-shim-kata-v2")
+                && cmdline.contains(&format!("-id {id} "));
+            if shim || markers.iter().any(|m| cmdline.contains(m.as_str())) {
+                found.push(format!("process {pid}: {cmdline}"));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mounts.lines() {
+        if line.contains(&format!("/sandboxes/{id}/"))
+            || line.contains(&format!("/sandboxes/{id} "))
+        {
+            found.push(format!("mount: {line}"));
+        }
+    }
+    for d in [
+        format!("/run/vc/sbs/{id}"),
+        format!("/run/vc/vm/{id}"),
+        format!("/run/kata-containers/shared/sandboxes/{id}"),
+    ] {
+        if Path::new(&d).exists() {
+            found.push(format!("directory {d}"));
+        }
+    }
+    found
+}
+
+/// Waits (up to 15 s, for the shim's own shutdown) until nothing of sandbox `id` is left.
+pub fn assert_no_leftovers(id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = leftovers(id);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("sandbox {id} left behind:\n{}", left.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// MD5 of `data` as `md5sum` prints it (the guest uses busybox md5sum).
+pub fn md5_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running md5sum");
+    let mut stdin = child.stdin.take().expect("md5sum stdin");
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child.wait_with_output().expect("md5sum output");
+    let _ = writer.join();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}

@@ -1,0 +1,216 @@
+//! `ctr` driving a private containerd that runs each container in its own VM through
+//! containerd-shim-kata-v2, as a user would. Every case ends by checking that nothing of
+//! its sandbox is left on the host.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e_tests::*;
+
+fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("host kernel release")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn runs_in_the_guest_kernel_and_exit_codes_propagate() {
+    let c = Containerd::start("kernel");
+    let out = c.run("k1", &["--rm"], &["uname", "-r"]);
+    assert!(
+        out.status.success(),
+        "ctr run failed: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    let guest = stdout(&out).trim().to_string();
+    assert!(!guest.is_empty(), "no output; stderr: {}", stderr(&out));
+    assert_ne!(guest, host_kernel(), "the container saw the host kernel");
+    assert_no_leftovers("k1");
+
+    let out = c.run("k2", &["--rm"], &["sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", stderr(&out));
+    assert_no_leftovers("k2");
+}
+
+#[test]
+fn large_stdout_arrives_intact_and_stderr_is_kept_apart() {
+    let c = Containerd::start("stdout");
+    // 2 MiB of random bytes; the guest reports their checksum on stderr.
+    let script = "head -c 2097152 /dev/urandom > /tmp/data; md5sum /tmp/data >&2; cat /tmp/data";
+    let out = c.run("big", &["--rm"], &["sh", "-c", script]);
+    assert!(
+        out.status.success(),
+        "ctr run failed: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    assert_eq!(out.stdout.len(), 2097152, "stdout length");
+    let guest_sum = stderr(&out)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(
+        md5_hex(&out.stdout),
+        guest_sum,
+        "stdout differs from what the guest wrote"
+    );
+    assert_no_leftovers("big");
+
+    let out = c.run(
+        "split",
+        &["--rm"],
+        &["sh", "-c", "echo to-out; echo to-err >&2"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "to-out\n");
+    assert_eq!(stderr(&out), "to-err\n");
+    assert_no_leftovers("split");
+}
+
+#[test]
+fn stdin_env_and_cwd_reach_the_container() {
+    let c = Containerd::start("stdin");
+    // ctr 1.6 never closes the container's stdin, so read one line rather than to EOF.
+    let args = c.run_args("in1", &["--rm"], &["head", "-n", "1"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = c
+        .ctr_cmd(&refs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr run");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"line from the host\nsecond\n")
+        .expect("writing stdin");
+    let out = child.wait_with_output().expect("ctr output");
+    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
+    assert_eq!(stdout(&out), "line from the host\n");
+    assert_no_leftovers("in1");
+
+    let out = c.run(
+        "env1",
+        &["--rm", "--env", "GREETING=hello vm", "--cwd", "/tmp"],
+        &["sh", "-c", "echo \"$GREETING\"; pwd"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hello vm\n/tmp\n");
+    assert_no_leftovers("env1");
+}
+
+#[test]
+fn exec_into_a_running_container_and_kill_it() {
+    let c = Containerd::start("exec");
+    let out = c.run("ex1", &["-d"], &["sleep", "1000"]);
+    assert!(
+        out.status.success(),
+        "ctr run -d failed: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+
+    let fifo = c.dir.join("fifo").display().to_string();
+    let out = c.ctr(&[
+        "task",
+        "exec",
+        "--fifo-dir",
+        &fifo,
+        "--exec-id",
+        "e1",
+        "ex1",
+        "sh",
+        "-c",
+        "echo from-exec; exit 5",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "exec: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    assert_eq!(stdout(&out), "from-exec\n");
+
+    let out = c.ctr(&["task", "ps", "ex1"]);
+    assert!(out.status.success(), "task ps: {}", stderr(&out));
+
+    let out = c.ctr(&["task", "kill", "-s", "SIGKILL", "ex1"]);
+    assert!(out.status.success(), "kill: {}", stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ls = stdout(&c.ctr(&["task", "ls"]));
+        if ls
+            .lines()
+            .any(|l| l.starts_with("ex1 ") && l.contains("STOPPED"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ex1 never stopped: {ls}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = c.ctr(&["task", "rm", "ex1"]);
+    assert!(out.status.success(), "task rm: {}", stderr(&out));
+    let out = c.ctr(&["container", "rm", "ex1"]);
+    assert!(out.status.success(), "container rm: {}", stderr(&out));
+    assert_no_leftovers("ex1");
+}
+
+#[test]
+fn a_signal_ends_the_container_with_its_status() {
+    let c = Containerd::start("signal");
+    let args = c.run_args("sig1", &["--rm"], &["sleep", "1000"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let child = c
+        .ctr_cmd(&refs)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr run");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !stdout(&c.ctr(&["task", "ls"]))
+        .lines()
+        .any(|l| l.starts_with("sig1 ") && l.contains("RUNNING"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "sig1 never ran\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = c.ctr(&["task", "kill", "-s", "SIGKILL", "sig1"]);
+    assert!(out.status.success(), "kill: {}", stderr(&out));
+    let out = child.wait_with_output().expect("ctr output");
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    assert_no_leftovers("sig1");
+}
+
+#[test]
+fn a_failed_create_says_why_and_leaves_nothing() {
+    let c = Containerd::start("badcreate");
+    let out = c.run("bad1", &["--rm"], &["/no/such/binary"]);
+    assert!(!out.status.success(), "running a missing binary succeeded");
+    let err = stderr(&out);
+    assert!(
+        err.contains("/no/such/binary"),
+        "the error does not name the binary: {err}"
+    );
+    assert_no_leftovers("bad1");
+    // containerd cleans up the failed task; the name is free again.
+    let _ = c.ctr(&["container", "rm", "bad1"]);
+    let out = c.run("bad1", &["--rm"], &["true"]);
+    assert!(
+        out.status.success(),
+        "the sandbox after a failure: {}",
+        stderr(&out)
+    );
+    assert_no_leftovers("bad1");
+}
