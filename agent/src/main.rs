@@ -101,7 +101,7 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
             .start()
             .await
             .map_err(|e| format!("start ttrpc server on {addr}: {e}"))?;
-        info!(log, "serving the agent API"; "address" => addr);
+        info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr);
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("install SIGTERM handler: {e}"))?;

@@ -192,7 +192,16 @@ async fn agent_socket_accepts_connections() {
 
     assert!(info.agent_socket.exists());
     let mut stream = UnixStream::connect(&info.agent_socket).unwrap();
-    stream.write_all(b"CONNECT 1024\n").unwrap();
+    // The backend may already have closed it (no listener in the guest): that is fine.
+    if let Err(e) = stream.write_all(b"CONNECT 1024\n") {
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
+    }
     // No agent listens in this guest: the backend closes or stays silent; both are fine.
     stream
         .set_read_timeout(Some(Duration::from_millis(500)))

@@ -37,7 +37,8 @@ async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
         virtiofsd,
         ..Binaries::default()
     };
-    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let (kernel, initrd) = fake_guest(&sb);
+    let cfg = sb.config_with(&bins, &kernel, &initrd);
     let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
     let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
     eprintln!("{err}");
@@ -66,7 +67,8 @@ async fn dying_vsock_backend_is_reported_with_its_log() {
         vsock: sb.script("vsock", "echo 'fake vsock: bad --vm option' >&2\nexit 2"),
         ..Binaries::default()
     };
-    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let (kernel, initrd) = fake_guest(&sb);
+    let cfg = sb.config_with(&bins, &kernel, &initrd);
     let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
     let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
     eprintln!("{err}");
@@ -92,7 +94,8 @@ async fn missing_binary_is_reported() {
         virtiofsd: "/nonexistent/virtiofsd".into(),
         ..Binaries::default()
     };
-    let cfg = sb.config_with(&bins, Path::new("/k/vmlinux"), Path::new("/k/initrd"));
+    let (kernel, initrd) = fake_guest(&sb);
+    let cfg = sb.config_with(&bins, &kernel, &initrd);
     let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
     let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
     assert!(
@@ -100,4 +103,13 @@ async fn missing_binary_is_reported() {
         "{err}"
     );
     assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}
+
+/// Empty stand-ins for the guest files: these tests fail before QEMU would read them.
+fn fake_guest(sb: &Sandbox) -> (std::path::PathBuf, std::path::PathBuf) {
+    let kernel = sb.dir.path().join("vmlinux");
+    let initrd = sb.dir.path().join("initrd");
+    std::fs::write(&kernel, b"").unwrap();
+    std::fs::write(&initrd, b"").unwrap();
+    (kernel, initrd)
 }

@@ -58,6 +58,9 @@ pub struct Agent {
     client: AgentServiceClient,
 }
 
+/// Deadline of one dial attempt (connect + handshake).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// No deadline: waits and reads are long polls that end when the guest has news.
 fn no_timeout() -> ttrpc::context::Context {
     ttrpc::context::with_timeout(0)
@@ -86,7 +89,17 @@ impl Agent {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
         while start.elapsed() < timeout {
-            match hybrid_vsock_connect(socket, port).await {
+            // A request sent before the guest's vsock device is ready can go unanswered
+            // (the backend drops it), so every attempt has its own short deadline.
+            let attempt =
+                tokio::time::timeout(ATTEMPT_TIMEOUT, hybrid_vsock_connect(socket, port)).await;
+            let attempt = attempt.unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer to CONNECT {port} within {ATTEMPT_TIMEOUT:?}"),
+                ))
+            });
+            match attempt {
                 Ok(stream) => {
                     let client = ttrpc::r#async::Client::new(
                         ttrpc::r#async::transport::Socket::from(stream),
@@ -95,9 +108,12 @@ impl Agent {
                         client: AgentServiceClient::new(client),
                     };
                     let ctx = ttrpc::context::with_duration(Duration::from_secs(5));
-                    match agent.client.check(ctx, &Empty::new()).await {
-                        Ok(info) => return Ok((agent, info)),
-                        Err(e) => last = format!("check: {e}"),
+                    let empty = Empty::new();
+                    let check = agent.client.check(ctx, &empty);
+                    match tokio::time::timeout(Duration::from_secs(5), check).await {
+                        Ok(Ok(info)) => return Ok((agent, info)),
+                        Ok(Err(e)) => last = format!("check: {e}"),
+                        Err(_) => last = "check: no answer within 5s".into(),
                     }
                 }
                 Err(e) => last = e.to_string(),

@@ -165,6 +165,19 @@ impl Hypervisor for Qemu {
                 )));
             }
         }
+        // Checked up front: QEMU reports a missing kernel only after it has started, which
+        // races with the readiness check.
+        for (what, file) in [
+            ("kernel", &self.config.kernel),
+            ("initrd", &self.config.initrd),
+        ] {
+            if !file.is_file() {
+                return Err(Error::Unsupported(format!(
+                    "starting qemu failed: the guest {what} {} does not exist",
+                    file.display()
+                )));
+            }
+        }
         if Path::new("/dev/vhost-vsock").exists() {
             debug!(
                 self.logger,
