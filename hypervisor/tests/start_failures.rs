@@ -2,8 +2,6 @@
 //! and quotes its log, virtiofsd falls back to `--sandbox none`, and nothing started
 //! before the failing step is left running.
 
-use std::path::Path;
-
 use hypervisor::new_hypervisor;
 
 mod common;
