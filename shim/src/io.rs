@@ -53,18 +53,25 @@ impl Relays {
         paths: &StdioPaths,
         log: &Logger,
     ) -> Self {
-        let mut outputs = Vec::new();
-        if !paths.stdout.is_empty() {
-            outputs.push(spawn_output(agent, cid, exec_id, false, &paths.stdout, log));
-        } else {
-            outputs.push(spawn_drain(agent, cid, exec_id, false));
-        }
+        let fifo = |p: &String| (!p.is_empty()).then(|| p.clone());
+        let mut outputs = vec![spawn_output(
+            agent,
+            cid,
+            exec_id,
+            false,
+            fifo(&paths.stdout),
+            log,
+        )];
+        // A terminal merges stderr into stdout.
         if !paths.terminal {
-            if !paths.stderr.is_empty() {
-                outputs.push(spawn_output(agent, cid, exec_id, true, &paths.stderr, log));
-            } else {
-                outputs.push(spawn_drain(agent, cid, exec_id, true));
-            }
+            outputs.push(spawn_output(
+                agent,
+                cid,
+                exec_id,
+                true,
+                fifo(&paths.stderr),
+                log,
+            ));
         }
         let stdin = (!paths.stdin.is_empty()).then(|| {
             let close = Arc::new(Notify::new());
@@ -115,53 +122,24 @@ impl Drop for Relays {
     }
 }
 
-/// Reads a stream nobody on the host wants, so the guest pipe never fills up.
-fn spawn_drain(agent: &Agent, cid: &str, exec_id: &str, stderr: bool) -> JoinHandle<()> {
-    let (agent, cid, exec_id) = (agent.clone(), cid.to_string(), exec_id.to_string());
-    tokio::spawn(async move {
-        while let Ok(data) = agent.read_stream(&cid, &exec_id, stderr, READ_CHUNK).await {
-            if data.is_empty() {
-                break;
-            }
-        }
-    })
-}
-
+/// Copies one output stream of the process to the fifo at `path`. Without a fifo (the
+/// host does not want the stream) it is still read to its end, so the guest pipe never
+/// fills up and blocks the process.
 fn spawn_output(
     agent: &Agent,
     cid: &str,
     exec_id: &str,
     stderr: bool,
-    path: &str,
+    path: Option<String>,
     log: &Logger,
 ) -> JoinHandle<()> {
-    let (agent, cid, exec_id, path) = (
-        agent.clone(),
-        cid.to_string(),
-        exec_id.to_string(),
-        path.to_string(),
-    );
+    let (agent, cid, exec_id) = (agent.clone(), cid.to_string(), exec_id.to_string());
     let log = log.clone();
     tokio::spawn(async move {
         let name = if stderr { "stderr" } else { "stdout" };
-        // containerd holds the read side open already; a blocking open returns at once.
-        let p = path.clone();
-        let opened =
-            tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p))
-                .await;
-        let mut fifo = match opened {
-            Ok(Ok(f)) => match pipe::Sender::from_file(f) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn!(log, "{name} is not a fifo, output is discarded"; "path" => &path, "error" => %e);
-                    None
-                }
-            },
-            Ok(Err(e)) => {
-                warn!(log, "cannot open {name} fifo, output is discarded"; "path" => &path, "error" => %e);
-                None
-            }
-            Err(_) => None,
+        let mut fifo = match path {
+            Some(path) => open_output_fifo(path, name, &log).await,
+            None => None,
         };
         let mut total: u64 = 0;
         loop {
@@ -186,6 +164,28 @@ fn spawn_output(
         }
         debug!(log, "{name} relay done"; "container" => &cid, "exec" => &exec_id, "bytes" => total);
     })
+}
+
+/// Opens an output fifo for writing; containerd holds the read side open already, so the
+/// blocking open returns at once. None (logged) when it cannot be used.
+async fn open_output_fifo(path: String, name: &str, log: &Logger) -> Option<pipe::Sender> {
+    let p = path.clone();
+    let opened =
+        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p)).await;
+    match opened {
+        Ok(Ok(f)) => match pipe::Sender::from_file(f) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(log, "{name} is not a fifo, output is discarded"; "path" => &path, "error" => %e);
+                None
+            }
+        },
+        Ok(Err(e)) => {
+            warn!(log, "cannot open {name} fifo, output is discarded"; "path" => &path, "error" => %e);
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 fn spawn_input(

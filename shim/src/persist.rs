@@ -58,10 +58,7 @@ impl SandboxState {
     }
 
     pub fn remove(sandbox_id: &str) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(state_dir(sandbox_id)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        crate::mount::remove_dir_if_unmounted(&state_dir(sandbox_id))
     }
 }
 

@@ -51,11 +51,21 @@ struct Progress {
 impl Progress {
     async fn undo(mut self, log: &Logger) {
         if let Some(mut vm) = self.vm.take() {
-            if let Err(e) = vm.stop_vm().await {
-                warn!(log, "stopping the VM after a failed create"; "error" => %e);
-            }
+            stop_vm(vm.as_mut(), &mut self.state, log).await;
         }
         cleanup_host(&self.state, log);
+    }
+}
+
+/// Stops the VM through its hypervisor. Once that has reaped the processes, their pids
+/// are dropped from `state`, so cleanup never signals a pid the system has reused since.
+async fn stop_vm(vm: &mut dyn Hypervisor, state: &mut SandboxState, log: &Logger) {
+    match vm.stop_vm().await {
+        Ok(()) => {
+            state.vmm_pid = 0;
+            state.helper_pids.clear();
+        }
+        Err(e) => warn!(log, "stopping the VM"; "error" => %e),
     }
 }
 
@@ -173,15 +183,11 @@ impl Sandbox {
             debug: cfg.runtime.enable_debug,
         };
         let started = vm.start_vm(&vm_cfg).await;
-        // Record pids even of a half-started VM so cleanup can find them.
-        let pids = vm.pids();
+        // Kept even when the start failed: undo stops whatever it had started.
         progress.vm = Some(vm);
         let info = started.map_err(|e| SandboxError::Vm(e.to_string()))?;
         progress.state.vmm_pid = info.vmm_pid;
         progress.state.helper_pids = info.helper_pids.clone();
-        if progress.state.helper_pids.is_empty() {
-            progress.state.helper_pids = pids.into_iter().filter(|p| *p != info.vmm_pid).collect();
-        }
         progress.state.save().map_err(SandboxError::Persist)?;
         debug!(log, "phase: VMM launched"; "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
@@ -213,9 +219,7 @@ impl Sandbox {
     pub async fn destroy(mut self) {
         // Best effort: a clean guest reset first, then the hypervisor stops what is left.
         let _ = tokio::time::timeout(Duration::from_secs(2), self.agent.destroy_sandbox()).await;
-        if let Err(e) = self.vm.stop_vm().await {
-            warn!(self.log, "stopping the VM"; "error" => %e);
-        }
+        stop_vm(self.vm.as_mut(), &mut self.state, &self.log).await;
         if self.debug {
             let tail = hypervisor::process::log_tail(&self.vm_info.console_log);
             debug!(self.log, "guest console (last lines)"; "console" => tail);

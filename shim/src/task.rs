@@ -16,6 +16,7 @@ use slog::{debug, info, warn, Logger};
 use tokio::sync::Mutex;
 use ttrpc::{Code, Error as TtrpcError};
 
+use crate::agent::Agent;
 use crate::container::{self, Container, Exit, Process, Status};
 use crate::events::{timestamp, Events};
 use crate::io::{Relays, StdioPaths};
@@ -63,6 +64,47 @@ fn agent_err(e: crate::agent::AgentError) -> TtrpcError {
 struct State {
     sandbox: Option<Sandbox>,
     containers: HashMap<String, Container>,
+}
+
+/// Lookups that answer containerd's NOT_FOUND when the id is unknown.
+impl State {
+    fn container(&self, cid: &str) -> Result<&Container> {
+        self.containers.get(cid).ok_or_else(|| not_found(cid, ""))
+    }
+
+    fn container_mut(&mut self, cid: &str) -> Result<&mut Container> {
+        self.containers
+            .get_mut(cid)
+            .ok_or_else(|| not_found(cid, ""))
+    }
+
+    fn process(&self, cid: &str, exec_id: &str) -> Result<&Process> {
+        self.container(cid)?
+            .process(exec_id)
+            .ok_or_else(|| not_found(cid, exec_id))
+    }
+
+    fn process_mut(&mut self, cid: &str, exec_id: &str) -> Result<&mut Process> {
+        self.container_mut(cid)?
+            .process_mut(exec_id)
+            .ok_or_else(|| not_found(cid, exec_id))
+    }
+
+    /// The agent, for a request about container `cid`.
+    fn agent(&self, cid: &str) -> Result<Agent> {
+        self.sandbox
+            .as_ref()
+            .map(|s| s.agent.clone())
+            .ok_or_else(|| not_found(cid, ""))
+    }
+
+    fn task_pid(&self) -> u32 {
+        self.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0)
+    }
+}
+
+fn unimplemented(what: &str) -> TtrpcError {
+    status(Code::UNIMPLEMENTED, what)
 }
 
 pub struct TaskService {
@@ -127,7 +169,7 @@ impl TaskService {
             let at = SystemTime::now();
             let pid = {
                 let mut st = state.lock().await;
-                let pid = st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0);
+                let pid = st.task_pid();
                 if let Some(p) = st
                     .containers
                     .get_mut(&cid)
@@ -329,8 +371,7 @@ impl Task for TaskService {
     ) -> Result<CreateTaskResponse> {
         info!(self.log, "create"; "container" => &req.id, "bundle" => &req.bundle);
         if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
-            return Err(status(
-                Code::UNIMPLEMENTED,
+            return Err(unimplemented(
                 "restoring a checkpoint is not supported for VM sandboxes",
             ));
         }
@@ -343,15 +384,8 @@ impl Task for TaskService {
 
     async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> Result<StartResponse> {
         let mut st = self.state.lock().await;
-        let sb = st.sandbox.as_ref().ok_or_else(|| not_found(&req.id, ""))?;
-        let (agent, pid) = (sb.agent.clone(), sb.task_pid());
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c
-            .process_mut(&req.exec_id)
-            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let (agent, pid) = (st.agent(&req.id)?, st.task_pid());
+        let p = st.process_mut(&req.id, &req.exec_id)?;
         if p.status != Status::Created {
             return Err(status(
                 Code::FAILED_PRECONDITION,
@@ -407,13 +441,8 @@ impl Task for TaskService {
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> Result<StateResponse> {
         let st = self.state.lock().await;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c
-            .process(&req.exec_id)
-            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let c = st.container(&req.id)?;
+        let p = st.process(&req.id, &req.exec_id)?;
         let exit = p.exit();
         Ok(StateResponse {
             id: if req.exec_id.is_empty() {
@@ -422,7 +451,7 @@ impl Task for TaskService {
                 req.exec_id.clone()
             },
             bundle: c.bundle.display().to_string(),
-            pid: st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0),
+            pid: st.task_pid(),
             status: proc_status(p.status).into(),
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
@@ -438,14 +467,7 @@ impl Task for TaskService {
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> Result<WaitResponse> {
         let mut rx = {
             let st = self.state.lock().await;
-            let c = st
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(&req.id, ""))?;
-            c.process(&req.exec_id)
-                .ok_or_else(|| not_found(&req.id, &req.exec_id))?
-                .exit_tx
-                .subscribe()
+            st.process(&req.id, &req.exec_id)?.exit_tx.subscribe()
         };
         let exit = loop {
             if let Some(e) = *rx.borrow_and_update() {
@@ -470,19 +492,8 @@ impl Task for TaskService {
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> Result<Empty> {
         let st = self.state.lock().await;
-        let agent = st
-            .sandbox
-            .as_ref()
-            .map(|s| s.agent.clone())
-            .ok_or_else(|| not_found(&req.id, ""))?;
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c
-            .process(&req.exec_id)
-            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
-        match p.status {
+        let agent = st.agent(&req.id)?;
+        match st.process(&req.id, &req.exec_id)?.status {
             Status::Stopped => return Ok(Empty::new()),
             Status::Created if !req.exec_id.is_empty() => {
                 return Err(status(
@@ -503,23 +514,16 @@ impl Task for TaskService {
 
     async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> Result<DeleteResponse> {
         let mut st = self.state.lock().await;
-        let pid = st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0);
+        let pid = st.task_pid();
         if !req.exec_id.is_empty() {
-            let c = st
-                .containers
-                .get_mut(&req.id)
-                .ok_or_else(|| not_found(&req.id, ""))?;
-            let p = c
-                .execs
-                .get(&req.exec_id)
-                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
-            if p.status == Status::Running {
+            if st.process(&req.id, &req.exec_id)?.status == Status::Running {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
                     format!("process {} is still running; kill it first", req.exec_id),
                 ));
             }
-            let p = c
+            let p = st
+                .container_mut(&req.id)?
                 .execs
                 .remove(&req.exec_id)
                 .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
@@ -531,10 +535,7 @@ impl Task for TaskService {
                 ..Default::default()
             });
         }
-        let c = st
-            .containers
-            .get(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
+        let c = st.container(&req.id)?;
         if c.init.status == Status::Running {
             return Err(status(
                 Code::FAILED_PRECONDITION,
@@ -560,10 +561,7 @@ impl Task for TaskService {
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
         let mut st = self.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
+        let c = st.container_mut(&req.id)?;
         if c.init.status != Status::Running {
             return Err(status(
                 Code::FAILED_PRECONDITION,
@@ -604,16 +602,8 @@ impl Task for TaskService {
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> Result<Empty> {
         let agent = {
             let st = self.state.lock().await;
-            let c = st
-                .containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(&req.id, ""))?;
-            c.process(&req.exec_id)
-                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
-            st.sandbox
-                .as_ref()
-                .map(|s| s.agent.clone())
-                .ok_or_else(|| not_found(&req.id, ""))?
+            st.process(&req.id, &req.exec_id)?;
+            st.agent(&req.id)?
         };
         agent
             .tty_win_resize(&req.id, &req.exec_id, req.height, req.width)
@@ -624,13 +614,7 @@ impl Task for TaskService {
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> Result<Empty> {
         let mut st = self.state.lock().await;
-        let c = st
-            .containers
-            .get_mut(&req.id)
-            .ok_or_else(|| not_found(&req.id, ""))?;
-        let p = c
-            .process_mut(&req.exec_id)
-            .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
+        let p = st.process_mut(&req.id, &req.exec_id)?;
         if req.stdin {
             if let Some(r) = p.relays.as_mut() {
                 r.close_stdin();
@@ -642,13 +626,8 @@ impl Task for TaskService {
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> Result<PidsResponse> {
         let agent = {
             let st = self.state.lock().await;
-            st.containers
-                .get(&req.id)
-                .ok_or_else(|| not_found(&req.id, ""))?;
-            st.sandbox
-                .as_ref()
-                .map(|s| s.agent.clone())
-                .ok_or_else(|| not_found(&req.id, ""))?
+            st.container(&req.id)?;
+            st.agent(&req.id)?
         };
         let pids = agent.list_processes(&req.id).await.map_err(agent_err)?;
         Ok(PidsResponse {
@@ -667,7 +646,7 @@ impl Task for TaskService {
         let st = self.state.lock().await;
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
-            task_pid: st.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0),
+            task_pid: st.task_pid(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             ..Default::default()
         })
@@ -689,36 +668,31 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, _req: PauseRequest) -> Result<Empty> {
-        Err(status(
-            Code::UNIMPLEMENTED,
+        Err(unimplemented(
             "pause is not implemented yet by the kata shim",
         ))
     }
 
     async fn resume(&self, _ctx: &TtrpcContext, _req: ResumeRequest) -> Result<Empty> {
-        Err(status(
-            Code::UNIMPLEMENTED,
+        Err(unimplemented(
             "resume is not implemented yet by the kata shim",
         ))
     }
 
     async fn checkpoint(&self, _ctx: &TtrpcContext, _req: CheckpointTaskRequest) -> Result<Empty> {
-        Err(status(
-            Code::UNIMPLEMENTED,
+        Err(unimplemented(
             "checkpoint is not supported for VM sandboxes",
         ))
     }
 
     async fn update(&self, _ctx: &TtrpcContext, _req: UpdateTaskRequest) -> Result<Empty> {
-        Err(status(
-            Code::UNIMPLEMENTED,
+        Err(unimplemented(
             "update is not implemented yet by the kata shim",
         ))
     }
 
     async fn stats(&self, _ctx: &TtrpcContext, _req: StatsRequest) -> Result<StatsResponse> {
-        Err(status(
-            Code::UNIMPLEMENTED,
+        Err(unimplemented(
             "stats are not implemented yet by the kata shim",
         ))
     }
