@@ -265,6 +265,55 @@ impl Agent {
         Ok(())
     }
 
+    pub async fn pause_container(&self, id: &str) -> Result<()> {
+        let req = container_req(id);
+        rpc!(
+            "PauseContainer",
+            self.client.pause_container(control(), &req)
+        )?;
+        Ok(())
+    }
+
+    pub async fn resume_container(&self, id: &str) -> Result<()> {
+        let req = container_req(id);
+        rpc!(
+            "ResumeContainer",
+            self.client.resume_container(control(), &req)
+        )?;
+        Ok(())
+    }
+
+    pub async fn stats_container(&self, id: &str) -> Result<StatsContainerResponse> {
+        let req = container_req(id);
+        rpc!(
+            "StatsContainer",
+            self.client.stats_container(control(), &req)
+        )
+    }
+
+    /// `resources` is the OCI LinuxResources object as JSON.
+    pub async fn update_container(&self, id: &str, resources: Vec<u8>) -> Result<()> {
+        let req = UpdateContainerRequest {
+            container_id: id.to_string(),
+            resources,
+            ..Default::default()
+        };
+        rpc!(
+            "UpdateContainer",
+            self.client.update_container(control(), &req)
+        )?;
+        Ok(())
+    }
+
+    /// Waits for the next OOM kill in the guest; returns the container's id.
+    pub async fn get_oom_event(&self) -> Result<String> {
+        let resp = rpc!(
+            "GetOOMEvent",
+            self.client.get_oom_event(no_timeout(), &Empty::new())
+        )?;
+        Ok(resp.container_id)
+    }
+
     /// Asks the guest to end the VM; a closed connection is the expected answer.
     pub async fn destroy_sandbox(&self) -> Result<()> {
         let ctx = ttrpc::context::with_duration(Duration::from_secs(2));

@@ -15,6 +15,7 @@ use crate::spec::HostBind;
 pub enum Status {
     Created,
     Running,
+    Paused,
     Stopped,
 }
 

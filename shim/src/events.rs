@@ -4,7 +4,8 @@ use std::time::SystemTime;
 
 use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim_protos::protobuf::{MessageDyn, MessageField};
@@ -124,6 +125,33 @@ impl Events {
             ..Default::default()
         };
         self.publish(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(ev))
+            .await;
+    }
+
+    pub async fn paused(&self, cid: &str) {
+        let ev = TaskPaused {
+            container_id: cid.to_string(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(ev))
+            .await;
+    }
+
+    pub async fn resumed(&self, cid: &str) {
+        let ev = TaskResumed {
+            container_id: cid.to_string(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(ev))
+            .await;
+    }
+
+    pub async fn oom(&self, cid: &str) {
+        let ev = TaskOOM {
+            container_id: cid.to_string(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_OOM_EVENT_TOPIC, Box::new(ev))
             .await;
     }
 }

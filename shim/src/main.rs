@@ -13,6 +13,7 @@ mod persist;
 mod sandbox;
 mod service;
 mod spec;
+mod stats;
 mod task;
 
 #[tokio::main]

@@ -134,6 +134,52 @@ impl TaskService {
         }
     }
 
+    /// Freezes or thaws container `cid` in the guest and records it.
+    async fn set_paused(&self, cid: &str, pause: bool) -> Result<()> {
+        let mut st = self.state.lock().await;
+        let agent = st.agent(cid)?;
+        let init = &mut st.container_mut(cid)?.init;
+        let (from, to) = if pause {
+            (Status::Running, Status::Paused)
+        } else {
+            (Status::Paused, Status::Running)
+        };
+        if init.status != from {
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!("container {cid} is {:?}, not {from:?}", init.status).to_lowercase(),
+            ));
+        }
+        let res = if pause {
+            agent.pause_container(cid).await
+        } else {
+            agent.resume_container(cid).await
+        };
+        res.map_err(agent_err)?;
+        init.status = to;
+        info!(self.log, "{}", if pause { "paused" } else { "resumed" }; "container" => cid);
+        Ok(())
+    }
+
+    /// Publishes TaskOOM for every OOM kill the guest reports, for the sandbox's life.
+    fn watch_oom(&self, agent: Agent) {
+        let (events, log) = (self.events.clone(), self.log.clone());
+        tokio::spawn(async move {
+            loop {
+                match agent.get_oom_event().await {
+                    Ok(cid) => {
+                        info!(log, "OOM kill in the guest"; "container" => &cid);
+                        events.oom(&cid).await;
+                    }
+                    Err(e) => {
+                        debug!(log, "OOM watch ended"; "error" => %e);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
     /// Watches a started process: waits for its exit in the guest and for the end of its
     /// output, records the exit, then tells containerd.
     fn watch_exit(&self, cid: &str, exec_id: &str) {
@@ -256,6 +302,7 @@ impl TaskService {
                         format!("creating VM sandbox {}: {e}", self.sandbox_id),
                     )
                 })?;
+            self.watch_oom(sb.agent.clone());
             st.sandbox = Some(sb);
         }
         let result = self
@@ -358,6 +405,7 @@ fn proc_status(s: Status) -> containerd_shim_protos::api::Status {
     match s {
         Status::Created => containerd_shim_protos::api::Status::CREATED,
         Status::Running => containerd_shim_protos::api::Status::RUNNING,
+        Status::Paused => containerd_shim_protos::api::Status::PAUSED,
         Status::Stopped => containerd_shim_protos::api::Status::STOPPED,
     }
 }
@@ -516,7 +564,10 @@ impl Task for TaskService {
         let mut st = self.state.lock().await;
         let pid = st.task_pid();
         if !req.exec_id.is_empty() {
-            if st.process(&req.id, &req.exec_id)?.status == Status::Running {
+            if matches!(
+                st.process(&req.id, &req.exec_id)?.status,
+                Status::Running | Status::Paused
+            ) {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
                     format!("process {} is still running; kill it first", req.exec_id),
@@ -536,7 +587,7 @@ impl Task for TaskService {
             });
         }
         let c = st.container(&req.id)?;
-        if c.init.status == Status::Running {
+        if matches!(c.init.status, Status::Running | Status::Paused) {
             return Err(status(
                 Code::FAILED_PRECONDITION,
                 format!("container {} is still running; kill it first", req.id),
@@ -562,11 +613,20 @@ impl Task for TaskService {
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
         let mut st = self.state.lock().await;
         let c = st.container_mut(&req.id)?;
-        if c.init.status != Status::Running {
-            return Err(status(
-                Code::FAILED_PRECONDITION,
-                format!("container {} is not running", req.id),
-            ));
+        match c.init.status {
+            Status::Running => {}
+            Status::Paused => {
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("container {} is paused: resume it before exec", req.id),
+                ));
+            }
+            _ => {
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("container {} is not running", req.id),
+                ));
+            }
         }
         if c.execs.contains_key(&req.exec_id) {
             return Err(status(
@@ -667,16 +727,16 @@ impl Task for TaskService {
         Ok(Empty::new())
     }
 
-    async fn pause(&self, _ctx: &TtrpcContext, _req: PauseRequest) -> Result<Empty> {
-        Err(unimplemented(
-            "pause is not implemented yet by the kata shim",
-        ))
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> Result<Empty> {
+        self.set_paused(&req.id, true).await?;
+        self.events.paused(&req.id).await;
+        Ok(Empty::new())
     }
 
-    async fn resume(&self, _ctx: &TtrpcContext, _req: ResumeRequest) -> Result<Empty> {
-        Err(unimplemented(
-            "resume is not implemented yet by the kata shim",
-        ))
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> Result<Empty> {
+        self.set_paused(&req.id, false).await?;
+        self.events.resumed(&req.id).await;
+        Ok(Empty::new())
     }
 
     async fn checkpoint(&self, _ctx: &TtrpcContext, _req: CheckpointTaskRequest) -> Result<Empty> {
@@ -685,15 +745,44 @@ impl Task for TaskService {
         ))
     }
 
-    async fn update(&self, _ctx: &TtrpcContext, _req: UpdateTaskRequest) -> Result<Empty> {
-        Err(unimplemented(
-            "update is not implemented yet by the kata shim",
-        ))
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
+        let agent = {
+            let st = self.state.lock().await;
+            st.container(&req.id)?;
+            st.agent(&req.id)?
+        };
+        // containerd sends the OCI LinuxResources as JSON inside the Any.
+        let resources = req
+            .resources
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
+        if resources.is_empty() {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                "update carries no resources",
+            ));
+        }
+        info!(self.log, "update"; "container" => &req.id);
+        agent
+            .update_container(&req.id, resources)
+            .await
+            .map_err(agent_err)?;
+        Ok(Empty::new())
     }
 
-    async fn stats(&self, _ctx: &TtrpcContext, _req: StatsRequest) -> Result<StatsResponse> {
-        Err(unimplemented(
-            "stats are not implemented yet by the kata shim",
-        ))
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> Result<StatsResponse> {
+        let agent = {
+            let st = self.state.lock().await;
+            st.container(&req.id)?;
+            st.agent(&req.id)?
+        };
+        let guest = agent.stats_container(&req.id).await.map_err(agent_err)?;
+        let metrics = crate::stats::metrics_from(&guest);
+        let any = containerd_shim::util::convert_to_any(Box::new(metrics)).map_err(failed)?;
+        Ok(StatsResponse {
+            stats: MessageField::some(any),
+            ..Default::default()
+        })
     }
 }

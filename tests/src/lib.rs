@@ -229,3 +229,135 @@ pub fn md5_hex(data: &[u8]) -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// A direct client of the shim's Task API for container `id`, for the calls ctr 1.6
+/// cannot make (Update, CloseIO); containerd's CRI makes the same calls.
+pub fn task_client(
+    c: &Containerd,
+    id: &str,
+) -> containerd_shim_protos::shim::shim_ttrpc::TaskClient {
+    let bundle = c
+        .dir
+        .join("state/io.containerd.runtime.v2.task/default")
+        .join(id);
+    let address =
+        std::fs::read_to_string(bundle.join("address")).expect("reading the shim address");
+    let client = ttrpc::Client::connect(address.trim()).expect("connecting to the shim");
+    containerd_shim_protos::shim::shim_ttrpc::TaskClient::new(client)
+}
+
+pub fn ttrpc_ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(30_000_000_000)
+}
+
+/// `ctr events` running in the background; `topics()` is what it printed so far.
+pub struct EventWatch {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EventWatch {
+    pub fn start(c: &Containerd) -> Self {
+        let mut child = c
+            .ctr_cmd(&["events"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ctr events");
+        let mut stdout = child.stdout.take().expect("ctr events stdout");
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = out.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut s) = sink.lock() {
+                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        // Give ctr time to subscribe before the test acts.
+        std::thread::sleep(Duration::from_millis(500));
+        EventWatch {
+            child,
+            out,
+            reader: Some(reader),
+        }
+    }
+
+    /// Waits up to 30 s for a line with `topic` that names `id`.
+    pub fn wait_for(&self, topic: &str, id: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let seen = self
+                .out
+                .lock()
+                .map(|s| s.lines().any(|l| l.contains(topic) && l.contains(id)))
+                .unwrap_or(false);
+            if seen {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    pub fn text(&self) -> String {
+        self.out.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for EventWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+/// Waits up to 60 s until `ctr task ls` shows `id` with `status`.
+pub fn wait_status(c: &Containerd, id: &str, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ls = stdout(&c.ctr(&["task", "ls"]));
+        if ls
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(id) && l.contains(status))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} never became {status}: {ls}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Kills, deletes and removes a detached container, then checks nothing is left.
+pub fn remove_detached(c: &Containerd, id: &str) {
+    let _ = c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+    wait_status(c, id, "STOPPED");
+    let out = c.ctr(&["task", "rm", id]);
+    assert!(out.status.success(), "task rm {id}: {}", stderr(&out));
+    let out = c.ctr(&["container", "rm", id]);
+    assert!(out.status.success(), "container rm {id}: {}", stderr(&out));
+}
+
+/// `ctr task exec` of `cmd` in `id`; returns the output.
+pub fn exec(c: &Containerd, id: &str, exec_id: &str, extra: &[&str], cmd: &[&str]) -> Output {
+    let fifo = c.dir.join("fifo").display().to_string();
+    let mut args = vec!["task", "exec", "--fifo-dir", &fifo, "--exec-id", exec_id];
+    args.extend_from_slice(extra);
+    args.push(id);
+    args.extend_from_slice(cmd);
+    c.ctr(&args)
+}
