@@ -63,3 +63,13 @@ test: setup build guest image
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Benchmarks (bench/bench.py): start-up, phase breakdown, stdout and vsock throughput, exec
+# latency, memory and density of our runtime next to runc, through a private containerd.
+# Prints a table and writes target/bench/<timestamp>.json and target/bench/latest.json.
+# Env: BENCH_RUNS (5), BENCH_DENSITY (10), more in bench/README.md. Not part of `make test`;
+# run it on an otherwise idle machine.
+.PHONY: bench
+bench: shim initrd kernel image
+	KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) IMAGE_TAR=$(IMAGE_TAR) \
+	KATA_SHIM_DIR=$(CURDIR)/target/release python3 bench/bench.py

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::signal::{kill, Signal};
@@ -10,7 +10,7 @@ use nix::unistd::Pid;
 use slog::{warn, Logger};
 use tokio::sync::Mutex;
 
-use crate::cgroup;
+use crate::cgroup::{self, freezer, oom::OomWatcher, resources::LinuxResources};
 use crate::error::{AgentError, Result};
 use crate::process::{self, Process};
 
@@ -25,6 +25,10 @@ pub struct Container {
     pub id: String,
     pub init: Arc<Process>,
     pub cgroup: Option<PathBuf>,
+    /// `linux.seccomp` of the spec, which exec'd processes get too.
+    pub seccomp: Option<crate::spec::Seccomp>,
+    /// The container's own devpts instance (see `devpts`), where its terminals live.
+    pub devpts: Option<PathBuf>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pending: Mutex<Option<PendingStart>>,
 }
@@ -40,9 +44,30 @@ impl Container {
             id: id.to_string(),
             init: Arc::new(init),
             cgroup,
+            seccomp: None,
+            devpts: None,
             execs: Mutex::new(HashMap::new()),
             pending: Mutex::new(Some(pending)),
         }
+    }
+
+    /// Sets the seccomp profile that exec'd processes are started under.
+    pub fn with_seccomp(mut self, seccomp: Option<crate::spec::Seccomp>) -> Container {
+        self.seccomp = seccomp;
+        self
+    }
+
+    /// Sets the devpts instance the container's terminals are opened in.
+    pub fn with_devpts(mut self, devpts: Option<PathBuf>) -> Container {
+        self.devpts = devpts;
+        self
+    }
+
+    /// Where a terminal for a process of this container is opened.
+    pub fn terminal_dir(&self) -> &std::path::Path {
+        self.devpts
+            .as_deref()
+            .unwrap_or(std::path::Path::new("/dev/pts"))
     }
 
     /// Lets the init process exec; fails with the init process's own error if exec fails.
@@ -94,6 +119,42 @@ impl Container {
         Ok(())
     }
 
+    /// The container's cgroup, for operations that need one.
+    fn cgroup_dir(&self) -> Result<&Path> {
+        self.cgroup.as_deref().ok_or_else(|| {
+            AgentError::FailedPrecondition(format!(
+                "container {} has no cgroup (no cgroup v2 hierarchy in the guest)",
+                self.id
+            ))
+        })
+    }
+
+    /// Freezes every process of the container.
+    pub async fn pause(&self) -> Result<()> {
+        freezer::set_frozen(self.cgroup_dir()?, true)
+            .await
+            .map_err(|e| e.in_context(&format!("pause container {}", self.id)))
+    }
+
+    /// Thaws the container's processes.
+    pub async fn resume(&self) -> Result<()> {
+        freezer::set_frozen(self.cgroup_dir()?, false)
+            .await
+            .map_err(|e| e.in_context(&format!("resume container {}", self.id)))
+    }
+
+    /// The container's cgroup figures.
+    pub fn stats(&self) -> Result<protocols::agent::StatsContainerResponse> {
+        cgroup::stats::read(self.cgroup_dir()?)
+            .map_err(|e| e.in_context(&format!("stats of container {}", self.id)))
+    }
+
+    /// Applies new resource limits to the running container.
+    pub fn update(&self, resources: &LinuxResources) -> Result<()> {
+        cgroup::resources::apply(self.cgroup_dir()?, resources)
+            .map_err(|e| e.in_context(&format!("update container {}", self.id)))
+    }
+
     /// Guest pids of every process in the container.
     pub async fn pids(&self) -> Vec<i32> {
         if let Some(dir) = &self.cgroup {
@@ -135,9 +196,10 @@ impl Container {
         Ok(())
     }
 
-    /// Kills every process of the container, waits for the init process, and removes
-    /// the cgroup. The mounts live in the container's mount namespace and go with it.
-    pub async fn destroy(&self, log: &Logger) {
+    /// Kills every process of the container, waits for the init process, takes a last
+    /// look for OOM kills, and removes the cgroup (which kills anything left in it).
+    /// The mounts live in the container's mount namespace and go with it.
+    pub async fn destroy(&self, log: &Logger, oom: &OomWatcher) {
         self.pending.lock().await.take();
         if self.init.exit_status().is_none() {
             // Killing the pid namespace's init kills everything else in it.
@@ -156,6 +218,10 @@ impl Container {
         let execs: Vec<_> = self.execs.lock().await.values().cloned().collect();
         for p in execs {
             let _ = tokio::time::timeout(timeout, p.wait()).await;
+        }
+        oom.unwatch(&self.id);
+        if let Some(dir) = &self.devpts {
+            crate::devpts::unmount_instance(dir);
         }
         if let Some(dir) = &self.cgroup {
             if let Err(e) = cgroup::remove(dir).await {

@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod container;
+pub mod devpts;
 pub mod error;
 pub mod init;
 pub mod logging;

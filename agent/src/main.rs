@@ -5,6 +5,8 @@
 //! - `kata-agent --listen unix:///path.sock`: serve on the host for tests, as a child
 //!   subreaper, without mounting anything global.
 
+mod bench_sink;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -41,6 +43,7 @@ fn main() {
         if let Err(e) = mounted.and_then(|()| init::mount_shared_dir()) {
             init::fatal(&log, &e);
         }
+        bench_sink::start();
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
         if let Err(e) = serve(&log, &addr, true) {
             init::fatal(&log, &e);

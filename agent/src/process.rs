@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use nix::fcntl::OFlag;
@@ -74,12 +75,13 @@ impl Process {
 
 /// Launches the stage with `config`; returns once the container process exists (its pid
 /// known and registered with the reaper) and, in create mode, is ready to start.
+/// `terminal` is the devpts instance to open the process's terminal in, if it has one.
 pub async fn launch(
     log: &Logger,
     reaper: &Reaper,
     exec_id: &str,
     config: StageConfig,
-    terminal: bool,
+    terminal: Option<&Path>,
     with_stdin: bool,
     with_start: bool,
 ) -> Result<Launched, String> {
@@ -101,9 +103,9 @@ pub async fn launch(
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg(STAGE_ARG);
     let (stdout, stderr, stdin_w, tty);
-    if terminal {
-        let pty = nix::pty::openpty(None, None).map_err(|e| io_err("openpty", &e))?;
-        let slave = pty.slave;
+    if let Some(devpts) = terminal {
+        let (master, slave) = crate::devpts::open_pty(devpts)
+            .map_err(|e| io_err(&format!("open a terminal in {}", devpts.display()), &e))?;
         cmd.stdin(Stdio::from(
             slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
         ));
@@ -111,7 +113,7 @@ pub async fn launch(
             slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
         ));
         cmd.stderr(Stdio::from(slave));
-        let master = stdio::async_fd(pty.master).map_err(|e| io_err("pty master", &e))?;
+        let master = stdio::async_fd(master).map_err(|e| io_err("pty master", &e))?;
         stdout = master.clone();
         stderr = None;
         stdin_w = with_stdin.then(|| master.clone());

@@ -156,6 +156,42 @@ impl AgentService for AgentRpc {
         Ok(Empty::new())
     }
 
+    async fn pause_container(&self, _: &TtrpcContext, r: ContainerRequest) -> RpcResult<Empty> {
+        self.sandbox.pause_container(&r.container_id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resume_container(&self, _: &TtrpcContext, r: ContainerRequest) -> RpcResult<Empty> {
+        self.sandbox.resume_container(&r.container_id).await?;
+        Ok(Empty::new())
+    }
+
+    async fn stats_container(
+        &self,
+        _: &TtrpcContext,
+        r: ContainerRequest,
+    ) -> RpcResult<StatsContainerResponse> {
+        Ok(self.sandbox.stats_container(&r.container_id).await?)
+    }
+
+    async fn update_container(
+        &self,
+        _: &TtrpcContext,
+        r: UpdateContainerRequest,
+    ) -> RpcResult<Empty> {
+        self.sandbox
+            .update_container(&r.container_id, &r.resources)
+            .await?;
+        Ok(Empty::new())
+    }
+
+    /// Long poll: answers when the kernel OOM-kills a container process.
+    async fn get_oom_event(&self, _: &TtrpcContext, _: Empty) -> RpcResult<OOMEvent> {
+        let mut resp = OOMEvent::new();
+        resp.container_id = self.sandbox.next_oom_event().await;
+        Ok(resp)
+    }
+
     async fn check(&self, _: &TtrpcContext, _: Empty) -> RpcResult<CheckResponse> {
         let mut resp = CheckResponse::new();
         resp.agent_version = env!("CARGO_PKG_VERSION").to_string();

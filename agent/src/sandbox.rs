@@ -1,12 +1,15 @@
 //! The sandbox: every container of this guest, and the operations the RPCs delegate to.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
 use slog::{info, warn, Logger};
 use tokio::sync::Mutex;
 
+use crate::cgroup::oom::OomWatcher;
+use crate::cgroup::resources::{self, LinuxResources};
 use crate::cgroup::CgroupRoot;
 use crate::container::{Container, PendingStart};
 use crate::error::{AgentError, Result};
@@ -19,15 +22,18 @@ pub struct Sandbox {
     pub log: Logger,
     reaper: Arc<Reaper>,
     cgroups: Option<CgroupRoot>,
+    oom: OomWatcher,
     containers: Mutex<HashMap<String, Arc<Container>>>,
 }
 
 impl Sandbox {
+    /// Must run inside the tokio runtime (it starts the OOM watcher task).
     pub fn new(log: Logger, reaper: Arc<Reaper>, cgroups: Option<CgroupRoot>) -> Sandbox {
         if cgroups.is_none() {
             info!(log, "no cgroup v2 hierarchy; containers get no cgroups");
         }
         Sandbox {
+            oom: OomWatcher::start(log.clone()),
             log,
             reaper,
             cgroups,
@@ -48,6 +54,28 @@ impl Sandbox {
         self.container(id).await?.process(exec_id).await
     }
 
+    /// Gives container `id` its own devpts instance in place of the spec's `/dev/pts`
+    /// mount (see `devpts`). Without one (the mount failed), the stage mounts the spec's
+    /// and terminals come from the agent's instance.
+    fn own_devpts(&self, id: &str, spec: &mut Spec) -> Option<PathBuf> {
+        let m = spec
+            .mounts
+            .iter_mut()
+            .find(|m| m.destination == "/dev/pts" && m.typ.as_deref() == Some("devpts"))?;
+        match crate::devpts::mount_instance(id) {
+            Ok(dir) => {
+                m.typ = Some("bind".into());
+                m.source = Some(dir.display().to_string());
+                m.options = vec!["rbind".into(), "nosuid".into(), "noexec".into()];
+                Some(dir)
+            }
+            Err(e) => {
+                warn!(self.log, "no devpts instance of its own for the container"; "container_id" => id, "error" => %e);
+                None
+            }
+        }
+    }
+
     pub async fn create_container(&self, id: &str, spec_json: &[u8], stdin: bool) -> Result<()> {
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(AgentError::InvalidArgument(format!(
@@ -59,12 +87,19 @@ impl Sandbox {
                 "container {id} already exists"
             )));
         }
-        let spec = Spec::from_json(spec_json).map_err(AgentError::InvalidArgument)?;
-        let terminal = spec.process.as_ref().is_some_and(|p| p.terminal);
+        let mut spec = Spec::from_json(spec_json).map_err(AgentError::InvalidArgument)?;
+        let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
+        let devpts = self.own_devpts(id, &mut spec);
+        let tty_dir = devpts.clone().unwrap_or_else(|| PathBuf::from("/dev/pts"));
+        let terminal = spec
+            .process
+            .as_ref()
+            .is_some_and(|p| p.terminal)
+            .then_some(tty_dir.as_path());
+        let resources = LinuxResources::from_spec_json(spec_json)
+            .map_err(|e| e.in_context(&format!("create container {id}")))?;
         let cgroup = match &self.cgroups {
-            Some(root) => Some(root.create(id).map_err(|e| {
-                AgentError::Internal(format!("create cgroup for container {id}: {e}"))
-            })?),
+            Some(root) => Some(self.create_cgroup(root, id, resources.as_ref()).await?),
             None => None,
         };
         let config = StageConfig {
@@ -77,7 +112,11 @@ impl Sandbox {
                 Ok(l) => l,
                 Err(e) => {
                     if let Some(dir) = &cgroup {
+                        self.oom.unwatch(id);
                         let _ = crate::cgroup::remove(dir).await;
+                    }
+                    if let Some(dir) = &devpts {
+                        crate::devpts::unmount_instance(dir);
                     }
                     return Err(AgentError::FailedPrecondition(format!(
                         "create container {id}: {e}"
@@ -91,19 +130,44 @@ impl Sandbox {
             start,
             sync: launched.sync,
         };
-        let container = Arc::new(Container::new(id, launched.process, cgroup, pending));
+        let container = Arc::new(
+            Container::new(id, launched.process, cgroup, pending)
+                .with_seccomp(seccomp)
+                .with_devpts(devpts),
+        );
         info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid);
 
         let mut containers = self.containers.lock().await;
         if containers.contains_key(id) {
             drop(containers);
-            container.destroy(&self.log).await;
+            container.destroy(&self.log, &self.oom).await;
             return Err(AgentError::AlreadyExists(format!(
                 "container {id} already exists"
             )));
         }
         containers.insert(id.to_string(), container);
         Ok(())
+    }
+
+    /// The container's cgroup with `resources` applied and OOM kills watched, made
+    /// before any of its processes exist.
+    async fn create_cgroup(
+        &self,
+        root: &CgroupRoot,
+        id: &str,
+        resources: Option<&LinuxResources>,
+    ) -> Result<std::path::PathBuf> {
+        let dir = root
+            .create(id)
+            .map_err(|e| AgentError::Internal(format!("create cgroup for container {id}: {e}")))?;
+        if let Some(r) = resources {
+            if let Err(e) = resources::apply(&dir, r) {
+                let _ = crate::cgroup::remove(&dir).await;
+                return Err(e.in_context(&format!("create container {id}")));
+            }
+        }
+        self.oom.watch(id, &dir);
+        Ok(dir)
     }
 
     pub async fn start_container(&self, id: &str) -> Result<()> {
@@ -139,11 +203,12 @@ impl Sandbox {
         let process: spec::Process = serde_json::from_slice(process_json)
             .map_err(|e| AgentError::InvalidArgument(format!("invalid OCI process JSON: {e}")))?;
         process.validate().map_err(AgentError::InvalidArgument)?;
-        let terminal = process.terminal;
+        let terminal = process.terminal.then_some(container.terminal_dir());
         let config = StageConfig {
             mode: StageMode::Exec {
                 process,
                 init_pid: container.init.pid,
+                seccomp: container.seccomp.clone(),
             },
             cgroup: container.cgroup.as_ref().map(|p| p.display().to_string()),
         };
@@ -176,12 +241,49 @@ impl Sandbox {
     }
 
     pub async fn wait_process(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
-        Ok(self.process(id, exec_id).await?.wait().await)
+        let status = self.process(id, exec_id).await?.wait().await;
+        // An OOM kill is queued before the exit it caused is reported.
+        self.oom.check(id);
+        Ok(status)
+    }
+
+    pub async fn pause_container(&self, id: &str) -> Result<()> {
+        self.container(id).await?.pause().await?;
+        info!(self.log, "container paused"; "container_id" => id);
+        Ok(())
+    }
+
+    pub async fn resume_container(&self, id: &str) -> Result<()> {
+        self.container(id).await?.resume().await?;
+        info!(self.log, "container resumed"; "container_id" => id);
+        Ok(())
+    }
+
+    pub async fn stats_container(
+        &self,
+        id: &str,
+    ) -> Result<protocols::agent::StatsContainerResponse> {
+        self.container(id).await?.stats()
+    }
+
+    /// Applies an OCI LinuxResources JSON object to a running container.
+    pub async fn update_container(&self, id: &str, resources_json: &[u8]) -> Result<()> {
+        let container = self.container(id).await?;
+        let resources = LinuxResources::from_json(resources_json)
+            .map_err(|e| e.in_context(&format!("update container {id}")))?;
+        container.update(&resources)?;
+        info!(self.log, "container resources updated"; "container_id" => id);
+        Ok(())
+    }
+
+    /// Waits for the next OOM kill in any container; returns the container's id.
+    pub async fn next_oom_event(&self) -> String {
+        self.oom.next().await
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<()> {
         let container = self.container(id).await?;
-        container.destroy(&self.log).await;
+        container.destroy(&self.log, &self.oom).await;
         self.containers.lock().await.remove(id);
         info!(self.log, "container removed"; "container_id" => id);
         Ok(())
@@ -197,7 +299,7 @@ impl Sandbox {
             .map(|(_, c)| c)
             .collect();
         for c in all {
-            c.destroy(&self.log).await;
+            c.destroy(&self.log, &self.oom).await;
         }
         warn!(self.log, "sandbox destroyed");
     }

@@ -4,6 +4,8 @@
 //! passes the same structs to the container stage, so they must also serialize.
 //! Unknown fields are ignored.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The PATH used to resolve `args[0]` when `process.env` has none (runc's default).
@@ -27,6 +29,14 @@ pub struct Process {
     pub args: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// `None` means no capabilities at all, as with runc.
+    pub capabilities: Option<Capabilities>,
+    pub rlimits: Vec<Rlimit>,
+    pub no_new_privileges: bool,
+    /// The guest has no AppArmor; logged and ignored.
+    pub apparmor_profile: Option<String>,
+    /// The guest has no SELinux; logged and ignored.
+    pub selinux_label: Option<String>,
 }
 
 impl Process {
@@ -49,8 +59,33 @@ impl Process {
                 self.cwd
             ));
         }
+        if let Some(caps) = &self.capabilities {
+            crate::stage::caps::CapabilitySets::parse(caps)?;
+        }
+        crate::stage::rlimits::parse(&self.rlimits)?;
         Ok(())
     }
+}
+
+/// `process.capabilities`: capability names such as `CAP_CHOWN`, per set.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Capabilities {
+    pub bounding: Vec<String>,
+    pub effective: Vec<String>,
+    pub inheritable: Vec<String>,
+    pub permitted: Vec<String>,
+    pub ambient: Vec<String>,
+}
+
+/// One `process.rlimits` entry, e.g. `{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Rlimit {
+    #[serde(rename = "type")]
+    pub typ: String,
+    pub hard: u64,
+    pub soft: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -85,6 +120,57 @@ pub struct Linux {
     pub namespaces: Vec<Namespace>,
     pub masked_paths: Vec<String>,
     pub readonly_paths: Vec<String>,
+    pub sysctl: BTreeMap<String, String>,
+    pub devices: Vec<Device>,
+    pub seccomp: Option<Seccomp>,
+}
+
+/// One `linux.devices` entry: a node created in the container's rootfs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Device {
+    /// `c`, `u` (both character), `b` (block) or `p` (fifo).
+    #[serde(rename = "type")]
+    pub typ: String,
+    pub path: String,
+    pub major: i64,
+    pub minor: i64,
+    pub file_mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// `linux.seccomp`: a libseccomp-style profile (what `ctr run --seccomp` sends).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Seccomp {
+    pub default_action: String,
+    pub default_errno_ret: Option<u32>,
+    pub architectures: Vec<String>,
+    pub flags: Vec<String>,
+    pub listener_path: Option<String>,
+    pub syscalls: Vec<SeccompSyscalls>,
+}
+
+/// A rule of a seccomp profile: `action` for every syscall in `names` whose arguments
+/// match `args`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SeccompSyscalls {
+    pub names: Vec<String>,
+    pub action: String,
+    pub errno_ret: Option<u32>,
+    pub args: Vec<SeccompArg>,
+}
+
+/// A condition on one syscall argument (`op` is e.g. `SCMP_CMP_MASKED_EQ`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SeccompArg {
+    pub index: u32,
+    pub value: u64,
+    pub value_two: u64,
+    pub op: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -108,6 +194,9 @@ impl Spec {
                 "root.path {:?} must be an absolute path",
                 root.path
             ));
+        }
+        if let Some(linux) = &spec.linux {
+            crate::stage::sysctl::validate(&linux.sysctl)?;
         }
         Ok(spec)
     }

@@ -1,62 +1,162 @@
-//! The last steps of a container process: controlling terminal, user and groups, umask,
-//! working directory, environment, and execve of `args[0]` resolved through the
-//! process's own PATH. Errors return as text; the caller reports them to the agent.
+//! The last steps of a container process, in runc's order: controlling terminal,
+//! rlimits, cwd, capability bounding set, user and groups (with PR_SET_KEEPCAPS), the
+//! other capability sets, umask, no_new_privs, seccomp, and execve of `args[0]`
+//! resolved through the process's own PATH. Everything that can be checked without
+//! changing the process is checked first, in [`Launch::prepare`], so a bad capability
+//! name or seccomp profile fails early. Errors return as text; the caller reports them.
 
 use std::ffi::CString;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
 
-use crate::spec::Process;
+use super::caps::{self, CapabilitySets};
+use super::seccomp::Filter;
+use super::{log, rlimits};
+use crate::spec::{Process, Seccomp};
 
-/// Turns this process into `process`; returns only on error.
-pub fn exec_process(_sync: BorrowedFd<'_>, process: &Process) -> Result<(), String> {
-    if process.terminal {
-        setsid().map_err(|e| format!("setsid: {e}"))?;
-        // SAFETY: TIOCSCTTY takes an int argument and touches no memory of ours; fd 0 is
-        // the pty slave the agent gave us.
-        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
-            return Err(format!(
-                "set controlling terminal: {}",
-                std::io::Error::last_os_error()
-            ));
+/// A process ready to become the container's: its spec, checked and compiled.
+pub struct Launch<'a> {
+    process: &'a Process,
+    caps: CapabilitySets,
+    seccomp: Option<Filter>,
+}
+
+impl<'a> Launch<'a> {
+    /// Parses the capabilities and rlimits and compiles the seccomp profile.
+    pub fn prepare(
+        sync: BorrowedFd<'_>,
+        process: &'a Process,
+        seccomp: Option<&Seccomp>,
+    ) -> Result<Launch<'a>, String> {
+        let caps = CapabilitySets::from_spec(process.capabilities.as_ref())?;
+        rlimits::parse(&process.rlimits)?;
+        let seccomp = seccomp.map(|p| Filter::compile(sync, p)).transpose()?;
+        Ok(Launch {
+            process,
+            caps,
+            seccomp,
+        })
+    }
+
+    /// Turns this process into the container process; returns only on error.
+    pub fn exec(self, sync: BorrowedFd<'_>) -> Result<(), String> {
+        let process = self.process;
+        if process.terminal {
+            set_controlling_terminal()?;
+        }
+        if let Some(profile) = process
+            .apparmor_profile
+            .as_deref()
+            .filter(|p| !p.is_empty())
+        {
+            log(
+                sync,
+                format!("ignoring apparmorProfile {profile:?}: the guest has no AppArmor"),
+            );
+        }
+        if let Some(label) = process.selinux_label.as_deref().filter(|l| !l.is_empty()) {
+            log(
+                sync,
+                format!("ignoring selinuxLabel {label:?}: the guest has no SELinux"),
+            );
+        }
+        rlimits::apply(&process.rlimits)?;
+
+        // As runc: chdir while still root, and again as the user if root was refused
+        // (a directory the container user may enter but root-without-caps may not).
+        let cwd_pending = match chdir(process.cwd.as_str()) {
+            Ok(()) => false,
+            Err(Errno::EACCES | Errno::EPERM) => true,
+            Err(e) => return Err(chdir_error(&process.cwd, e)),
+        };
+        // Without no_new_privs, loading a filter needs CAP_SYS_ADMIN, which the user may
+        // be about to lose: load it now, as runc does.
+        if !process.no_new_privileges {
+            if let Some(filter) = &self.seccomp {
+                filter.load()?;
+            }
+        }
+        self.caps.apply_bounding(sync)?;
+        caps::set_keep_caps(true)?;
+        set_user(process)?;
+        if cwd_pending {
+            chdir(process.cwd.as_str()).map_err(|e| chdir_error(&process.cwd, e))?;
+        }
+        caps::set_keep_caps(false)?;
+        self.caps.apply(sync)?;
+        umask(Mode::from_bits_truncate(
+            process.user.umask.unwrap_or(0o022),
+        ));
+
+        let arg0 = &process.args[0];
+        let path = resolve(arg0, process.path_env())
+            .ok_or_else(|| format!("exec {arg0:?}: No such file or directory"))?;
+        let path_c = cstring(path.to_string_lossy().as_ref())?;
+        let args = process
+            .args
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let env = process
+            .env
+            .iter()
+            .map(|e| cstring(e))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        if process.no_new_privileges {
+            caps::set_no_new_privileges()?;
+            if let Some(filter) = &self.seccomp {
+                filter.load()?;
+            }
+        }
+        match execve(&path_c, &args, &env) {
+            Err(e) => Err(format!("exec {arg0:?}: {}", e.desc())),
+            Ok(never) => match never {},
         }
     }
+}
+
+fn set_controlling_terminal() -> Result<(), String> {
+    setsid().map_err(|e| format!("setsid: {e}"))?;
+    // SAFETY: TIOCSCTTY takes an int argument and touches no memory of ours; fd 0 is
+    // the pty slave the agent gave us.
+    if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(format!(
+            "set controlling terminal: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Additional groups, then gid, then uid (after which setgroups is no longer allowed).
+fn set_user(process: &Process) -> Result<(), String> {
     let user = &process.user;
     let groups: Vec<Gid> = user
         .additional_gids
         .iter()
         .map(|g| Gid::from_raw(*g))
         .collect();
-    setgroups(&groups).map_err(|e| format!("setgroups {:?}: {e}", user.additional_gids))?;
-    setgid(Gid::from_raw(user.gid)).map_err(|e| format!("setgid {}: {e}", user.gid))?;
-    setuid(Uid::from_raw(user.uid)).map_err(|e| format!("setuid {}: {e}", user.uid))?;
-    umask(Mode::from_bits_truncate(user.umask.unwrap_or(0o022)));
+    setgroups(&groups).map_err(|e| {
+        format!(
+            "set additional groups {:?}: {}",
+            user.additional_gids,
+            e.desc()
+        )
+    })?;
+    setgid(Gid::from_raw(user.gid))
+        .map_err(|e| format!("set gid {} (process.user.gid): {}", user.gid, e.desc()))?;
+    setuid(Uid::from_raw(user.uid))
+        .map_err(|e| format!("set uid {} (process.user.uid): {}", user.uid, e.desc()))
+}
 
-    chdir(process.cwd.as_str())
-        .map_err(|e| format!("chdir to cwd {:?}: {}", process.cwd, e.desc()))?;
-
-    let arg0 = &process.args[0];
-    let path = resolve(arg0, process.path_env())
-        .ok_or_else(|| format!("exec {arg0:?}: No such file or directory"))?;
-    let path_c = cstring(path.to_string_lossy().as_ref())?;
-    let args = process
-        .args
-        .iter()
-        .map(|a| cstring(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = process
-        .env
-        .iter()
-        .map(|e| cstring(e))
-        .collect::<Result<Vec<_>, _>>()?;
-    match execve(&path_c, &args, &env) {
-        Err(e) => Err(format!("exec {arg0:?}: {}", e.desc())),
-        Ok(never) => match never {},
-    }
+fn chdir_error(cwd: &str, e: Errno) -> String {
+    format!("chdir to cwd {cwd:?}: {}", e.desc())
 }
 
 /// Finds the executable like execvp, but in the container's PATH.

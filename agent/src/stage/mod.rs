@@ -9,9 +9,15 @@
 //! A different executor (e.g. youki's libcontainer) would replace this module and
 //! `container::spawn_stage` behind the same messages.
 
+pub mod caps;
+mod devices;
 mod launch;
 mod mounts;
+pub mod paths;
 pub mod protocol;
+pub mod rlimits;
+mod seccomp;
+pub mod sysctl;
 
 use std::fs::File;
 use std::io::Read;
@@ -63,9 +69,15 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), String> {
 
     match config.mode {
         StageMode::Create { spec } => create(sync, spec),
-        StageMode::Exec { process, init_pid } => {
+        StageMode::Exec {
+            process,
+            init_pid,
+            seccomp,
+        } => {
             enter_namespaces_of(init_pid)?;
-            fork_and(sync, |sync| launch::exec_process(sync, &process))
+            fork_and(sync, |sync| {
+                launch::Launch::prepare(sync, &process, seccomp.as_ref())?.exec(sync)
+            })
         }
     }
 }
@@ -94,9 +106,10 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
                 flags.remove(flag);
                 join.push((path.to_string(), flag));
             }
-            None if matches!(ns.typ.as_str(), "network" | "user" | "cgroup") => {
-                // The guest's network belongs to the whole sandbox; user and cgroup
-                // namespaces are not supported by this executor yet.
+            None if matches!(ns.typ.as_str(), "network" | "user") => {
+                // The guest's network belongs to the whole sandbox; user namespaces are
+                // not supported by this executor yet. (A cgroup namespace is unshared
+                // below, after joining the cgroup, so its root is the container's.)
                 log(sync, format!("not creating a {} namespace", ns.typ));
             }
             None => flags.insert(flag),
@@ -108,6 +121,9 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
     }
     unshare(flags).map_err(|e| format!("unshare namespaces {flags:?}: {e}"))?;
     fork_and(sync, move |sync| {
+        let process = spec.process.as_ref().ok_or("OCI spec has no process")?;
+        let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.as_ref());
+        let launch = launch::Launch::prepare(sync, process, seccomp)?;
         mounts::prepare_rootfs(sync, &spec)?;
         if let Some(hostname) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
             nix::unistd::sethostname(hostname)
@@ -123,8 +139,7 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
             _ => std::process::exit(1),
         }
         drop(start);
-        let process = spec.process.as_ref().ok_or("OCI spec has no process")?;
-        launch::exec_process(sync, process)
+        launch.exec(sync)
     })
 }
 
@@ -135,6 +150,7 @@ fn enter_namespaces_of(pid: i32) -> Result<(), String> {
         ("ipc", CloneFlags::CLONE_NEWIPC),
         ("uts", CloneFlags::CLONE_NEWUTS),
         ("pid", CloneFlags::CLONE_NEWPID),
+        ("cgroup", CloneFlags::CLONE_NEWCGROUP), // after joining the cgroup, in run()
         ("mnt", CloneFlags::CLONE_NEWNS),
     ];
     let mut files = Vec::new();

@@ -1,30 +1,19 @@
-//! The container's root file system, built inside its new mount namespace: spec mounts,
-//! default device nodes, pivot_root, masked and read-only paths.
+//! The container's root file system, built inside its new mount namespace, in runc's
+//! order: spec mounts (targets resolved securely inside the rootfs, see `paths`), device
+//! nodes (`devices`), pivot_root, read-only root, sysctls (`sysctl`, needs /proc), then
+//! read-only and masked paths.
 //!
 //! Runs in the container's init process before it waits for start; touches nothing
 //! outside that mount namespace (the root is made a slave first).
 
-use std::fs;
 use std::os::fd::BorrowedFd;
-use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
-use super::log;
+use super::{devices, log, paths, sysctl};
 use crate::spec::{Mount, Spec};
-
-/// Device nodes every container gets, bind-mounted from the guest's /dev.
-const DEFAULT_DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
-
-const DEFAULT_SYMLINKS: [(&str, &str); 5] = [
-    ("/proc/self/fd", "fd"),
-    ("/proc/self/fd/0", "stdin"),
-    ("/proc/self/fd/1", "stdout"),
-    ("/proc/self/fd/2", "stderr"),
-    ("pts/ptmx", "ptmx"),
-];
 
 /// Sets up the rootfs and pivots into it.
 pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
@@ -48,48 +37,53 @@ pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
     for m in &spec.mounts {
         mount_one(sync, &rootfs, m)?;
     }
-    create_devices(&rootfs)?;
+    devices::create_all(sync, &rootfs, spec)?;
     enter_rootfs(&rootfs)?;
 
+    if root.readonly {
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        do_mount(None, Path::new("/"), None, flags, None)
+            .map_err(|e| format!("make the rootfs read-only: {e}"))?;
+    }
     if let Some(linux) = &spec.linux {
-        for path in &linux.masked_paths {
-            mask_path(path)?;
-        }
+        sysctl::apply(&linux.sysctl)?;
         for path in &linux.readonly_paths {
             readonly_path(path)?;
         }
-    }
-    if root.readonly {
-        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-        do_mount(None, Path::new("/"), None, flags, None)?;
+        for path in &linux.masked_paths {
+            mask_path(path)?;
+        }
     }
     Ok(())
 }
 
-/// `rootfs` + an absolute container path. Symlinks inside the rootfs are not resolved
-/// securely yet (a hostile image could point a mount target outside the rootfs).
-fn in_rootfs(rootfs: &Path, dest: &str) -> PathBuf {
-    rootfs.join(dest.trim_start_matches('/'))
-}
-
 fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), String> {
-    let target = in_rootfs(rootfs, &m.destination);
+    if !m.destination.starts_with('/') {
+        return Err(format!(
+            "mount destination {:?} must be an absolute path",
+            m.destination
+        ));
+    }
     let typ = m.typ.as_deref().unwrap_or("none");
     let (mut flags, data) = parse_options(&m.options);
     let is_bind = typ == "bind" || flags.contains(MsFlags::MS_BIND);
     let source = m.source.clone().unwrap_or_else(|| typ.to_string());
 
-    if is_bind && !Path::new(&source).is_dir() {
-        if let Some(parent) = target.parent() {
-            create_dir(parent)?;
-        }
-        if !target.exists() {
-            fs::write(&target, b"")
-                .map_err(|e| format!("create mount target {}: {e}", target.display()))?;
+    let target = if is_bind {
+        let meta = Path::new(&source).metadata().map_err(|e| {
+            format!(
+                "bind mount source {source:?} for {} is not usable in the guest: {e}",
+                m.destination
+            )
+        })?;
+        if meta.is_dir() {
+            paths::mkdir_in_root(rootfs, &m.destination)?
+        } else {
+            paths::touch_in_root(rootfs, &m.destination)?
         }
     } else {
-        create_dir(&target)?;
-    }
+        paths::mkdir_in_root(rootfs, &m.destination)?
+    };
 
     let data = (!data.is_empty()).then_some(data.as_str());
     if is_bind {
@@ -154,29 +148,6 @@ pub fn parse_options(options: &[String]) -> (MsFlags, String) {
     (flags, data.join(","))
 }
 
-fn create_devices(rootfs: &Path) -> Result<(), String> {
-    let dev = rootfs.join("dev");
-    create_dir(&dev)?;
-    for name in DEFAULT_DEVICES {
-        let host = Path::new("/dev").join(name);
-        if !host.exists() {
-            continue;
-        }
-        let target = dev.join(name);
-        if !target.exists() {
-            fs::write(&target, b"").map_err(|e| format!("create {}: {e}", target.display()))?;
-        }
-        do_mount(Some(&host), &target, None, MsFlags::MS_BIND, None)?;
-    }
-    for (src, name) in DEFAULT_SYMLINKS {
-        let link = dev.join(name);
-        if link.symlink_metadata().is_err() {
-            symlink(src, &link).map_err(|e| format!("symlink {}: {e}", link.display()))?;
-        }
-    }
-    Ok(())
-}
-
 /// pivot_root into `rootfs` and detach the old root (runc's "pivot_root(., .)" trick,
 /// which needs no directory for the old root).
 fn enter_rootfs(rootfs: &Path) -> Result<(), String> {
@@ -193,9 +164,11 @@ fn enter_rootfs(rootfs: &Path) -> Result<(), String> {
     chdir("/").map_err(|e| format!("chdir to /: {e}"))
 }
 
+/// Hides `path`: /dev/null over a file, an empty read-only tmpfs over a directory;
+/// a path that does not exist needs no hiding.
 fn mask_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
-    match p.symlink_metadata() {
+    match p.metadata() {
         Err(_) => Ok(()),
         Ok(meta) if meta.is_dir() => do_mount(
             Some(Path::new("tmpfs")),
@@ -214,9 +187,10 @@ fn mask_path(path: &str) -> Result<(), String> {
     }
 }
 
+/// Makes `path` (and the mounts below it) read-only; a missing path is skipped.
 fn readonly_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
-    if p.symlink_metadata().is_err() {
+    if p.metadata().is_err() {
         return Ok(());
     }
     do_mount(Some(p), p, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)?;
@@ -224,11 +198,7 @@ fn readonly_path(path: &str) -> Result<(), String> {
     do_mount(None, p, None, flags, None)
 }
 
-fn create_dir(path: &Path) -> Result<(), String> {
-    fs::create_dir_all(path).map_err(|e| format!("create directory {}: {e}", path.display()))
-}
-
-fn do_mount(
+pub(super) fn do_mount(
     source: Option<&Path>,
     target: &Path,
     fstype: Option<&str>,

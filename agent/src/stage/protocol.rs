@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use nix::sys::socket::{recv, send, MsgFlags};
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Process, Spec};
+use crate::spec::{Process, Seccomp, Spec};
 
 /// argv[1] that makes kata-agent run as the container stage.
 pub const STAGE_ARG: &str = "__container-stage";
@@ -37,8 +37,14 @@ pub struct StageConfig {
 pub enum StageMode {
     /// A new container: namespaces, rootfs, then the init process waits for start.
     Create { spec: Spec },
-    /// An extra process in the namespaces of the running init process `init_pid`.
-    Exec { process: Process, init_pid: i32 },
+    /// An extra process in the namespaces of the running init process `init_pid`,
+    /// under the container's seccomp profile (`linux.seccomp`), as runc does.
+    Exec {
+        process: Process,
+        init_pid: i32,
+        #[serde(default)]
+        seccomp: Option<Seccomp>,
+    },
 }
 
 /// Messages from the stage (and the container process it forks) to the agent.
