@@ -121,6 +121,11 @@ pub async fn launch(
     } else {
         let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stdout pipe", &e))?;
         let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stderr pipe", &e))?;
+        // Best effort: a smaller pipe still works.
+        let _ = nix::fcntl::fcntl(
+            out_r.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETPIPE_SZ(stdio::PIPE_SIZE),
+        );
         cmd.stdout(Stdio::from(out_w));
         cmd.stderr(Stdio::from(err_w));
         if with_stdin {

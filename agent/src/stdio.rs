@@ -4,7 +4,6 @@
 //!
 //! Works on pipes and on a pty master alike, through non-blocking fds in tokio's reactor.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -14,9 +13,12 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, Mutex};
 
 /// Bytes read from the fd at a time.
-const CHUNK: usize = 64 * 1024;
-/// Chunks queued before the reader stops reading (so at most 1 MiB per stream).
+const CHUNK: usize = 128 * 1024;
+/// Chunks queued before the reader stops reading (so at most 2 MiB per stream).
 const QUEUE: usize = 16;
+/// Pipe buffer asked for a container's output (the default is 64 KiB): a process that
+/// writes in bursts blocks less often while the shim's read is in flight.
+pub const PIPE_SIZE: i32 = 1 << 20;
 
 /// A non-blocking fd registered with tokio, shared by the reader and writer of a pty.
 pub type SharedFd = Arc<AsyncFd<OwnedFd>>;
@@ -38,7 +40,8 @@ pub struct OutputStream {
 
 struct OutputInner {
     rx: mpsc::Receiver<Vec<u8>>,
-    pending: VecDeque<u8>,
+    /// A chunk partly handed out, and how much of it was.
+    pending: Option<(Vec<u8>, usize)>,
 }
 
 impl OutputStream {
@@ -58,25 +61,42 @@ impl OutputStream {
             }
         });
         OutputStream {
-            inner: Mutex::new(OutputInner {
-                rx,
-                pending: VecDeque::new(),
-            }),
+            inner: Mutex::new(OutputInner { rx, pending: None }),
         }
     }
 
     /// Waits for data and returns at most `len` bytes; empty at end of stream.
+    ///
+    /// Everything already queued goes out in one reply, up to `len`: every request is a
+    /// round trip over vsock, so one per pipe read would cap throughput far below what
+    /// the channel carries.
     pub async fn read(&self, len: usize) -> Vec<u8> {
         let len = len.max(1);
         let mut inner = self.inner.lock().await;
-        if inner.pending.is_empty() {
-            match inner.rx.recv().await {
-                Some(chunk) => inner.pending.extend(chunk),
-                None => return Vec::new(),
+        let mut out = Vec::new();
+        while out.len() < len {
+            let (chunk, offset) = match inner.pending.take() {
+                Some(p) => p,
+                None if out.is_empty() => match inner.rx.recv().await {
+                    Some(chunk) => (chunk, 0),
+                    None => break, // end of stream
+                },
+                None => match inner.rx.try_recv() {
+                    Ok(chunk) => (chunk, 0),
+                    Err(_) => break, // nothing more right now
+                },
+            };
+            let n = (len - out.len()).min(chunk.len() - offset);
+            if out.is_empty() && offset == 0 && n == chunk.len() {
+                out = chunk; // the common case: hand the buffer over without copying
+            } else {
+                out.extend_from_slice(&chunk[offset..offset + n]);
+                if offset + n < chunk.len() {
+                    inner.pending = Some((chunk, offset + n));
+                }
             }
         }
-        let n = len.min(inner.pending.len());
-        inner.pending.drain(..n).collect()
+        out
     }
 }
 
@@ -129,4 +149,58 @@ pub fn resize(master: &AsyncFd<OwnedFd>, rows: u16, cols: u16) -> io::Result<()>
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An output stream over a pipe holding `data`, already closed for writing.
+    async fn stream_of(data: &[u8]) -> OutputStream {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        let data = data.to_vec();
+        let writer = std::thread::spawn(move || {
+            let mut f = std::fs::File::from(w);
+            io::Write::write_all(&mut f, &data).unwrap();
+        });
+        let s = OutputStream::start(async_fd(r).unwrap());
+        writer.join().unwrap();
+        s
+    }
+
+    #[tokio::test]
+    async fn queued_chunks_go_out_together_and_in_order() {
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        let s = stream_of(&data).await;
+        // Let the reader queue several chunks.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let first = s.read(1 << 20).await;
+        assert!(first.len() > CHUNK, "one reply carried only {} bytes", first.len());
+        let mut all = first;
+        loop {
+            let more = s.read(1 << 20).await;
+            if more.is_empty() {
+                break;
+            }
+            all.extend(more);
+        }
+        assert_eq!(all, data);
+    }
+
+    #[tokio::test]
+    async fn small_reads_split_a_chunk_without_losing_bytes() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 13) as u8).collect();
+        let s = stream_of(&data).await;
+        let mut all = Vec::new();
+        loop {
+            let part = s.read(777).await;
+            assert!(part.len() <= 777);
+            if part.is_empty() {
+                break;
+            }
+            all.extend(part);
+        }
+        assert_eq!(all, data);
+    }
 }
