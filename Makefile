@@ -6,6 +6,7 @@ CARGO ?= cargo
 TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(TARGET)/release/kata-agent
 SHIM_BIN := target/release/containerd-shim-kata-v2
+VSOCK_BIN := target/release/kata-vsock
 GUEST_CACHE ?= /var/cache/kata-guest
 INITRD := $(GUEST_CACHE)/kata-initrd.img
 IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
@@ -13,7 +14,7 @@ PREFIX ?= /usr/local
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent shim guest kernel initrd image install demo test unit-test e2e-test lint clean-demo
+.PHONY: all setup build agent shim vsock install-vsock guest kernel initrd image install demo test lint
 
 all: build
 
@@ -26,7 +27,15 @@ shim:
 agent:
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p kata-agent --target $(TARGET)
 
-build: shim agent
+build: shim agent vsock
+
+# kata-vsock, the vhost-user vsock backend QEMU uses (config: hypervisor.qemu.vsock_backend).
+vsock:
+	$(CARGO) build --release -p vmm --bin kata-vsock
+
+# The default vsock_backend is $(PREFIX)/bin/kata-vsock.
+install-vsock: vsock
+	install -D -m 0755 $(VSOCK_BIN) $(PREFIX)/bin/kata-vsock
 
 kernel: setup
 	@bash guest/build-kernel.sh >/dev/null
@@ -41,7 +50,7 @@ image:
 guest: kernel initrd
 
 # Installs the runtime where containerd and the default configuration expect it.
-install: build guest
+install: build guest install-vsock
 	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
 	install -D -m 0644 "$$(bash guest/build-kernel.sh)" /usr/share/kata-containers/vmlinux
 	install -D -m 0644 $(INITRD) /usr/share/kata-containers/kata-initrd.img
@@ -70,6 +79,6 @@ lint:
 # Env: BENCH_RUNS (5), BENCH_DENSITY (10), more in bench/README.md. Not part of `make test`;
 # run it on an otherwise idle machine.
 .PHONY: bench
-bench: shim initrd kernel image
+bench: shim vsock initrd kernel image
 	KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) IMAGE_TAR=$(IMAGE_TAR) \
 	KATA_SHIM_DIR=$(CURDIR)/target/release python3 bench/bench.py

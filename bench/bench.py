@@ -297,6 +297,7 @@ class Bench:
         self.initrd = os.environ.get("KATA_INITRD", "/var/cache/kata-guest/kata-initrd.img")
         self.image_tar = os.environ.get("IMAGE_TAR", "/var/cache/kata-guest/busybox-image.tar")
         shim_dir = os.environ.get("KATA_SHIM_DIR", os.path.join(REPO, "target", "release"))
+        self.shim_dir = shim_dir
         self.conf = os.path.join(self.work, "configuration.toml")
         self.env = dict(os.environ)
         self.env["PATH"] = shim_dir + ":" + os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -387,8 +388,8 @@ class Bench:
             if not os.path.isfile(path):
                 raise RuntimeError("%s %s missing (run `make bench`, which builds it)" % (what, path))
         with open(self.conf, "w") as f:
-            f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\n[runtime]\nenable_debug = true\n'
-                    % (self.kernel, self.initrd))
+            f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\nvsock_backend = "%s/kata-vsock"\n'
+                    '[runtime]\nenable_debug = true\n' % (self.kernel, self.initrd, self.shim_dir))
         self.floor_initrd = os.path.join(self.work, "floor.img")
         rc, _, err = run(["bash", os.path.join(REPO, "guest/build-floor-initrd.sh"),
                           self.floor_initrd], timeout=300)

@@ -176,7 +176,11 @@ mod tests {
         // Let the reader queue several chunks.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let first = s.read(1 << 20).await;
-        assert!(first.len() > CHUNK, "one reply carried only {} bytes", first.len());
+        assert!(
+            first.len() > CHUNK,
+            "one reply carried only {} bytes",
+            first.len()
+        );
         let mut all = first;
         loop {
             let more = s.read(1 << 20).await;

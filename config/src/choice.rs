@@ -36,6 +36,26 @@ pub trait Choice: Copy + Sized + 'static {
     }
 }
 
+/// Which VMM backend runs sandboxes (`[runtime] hypervisor_name`, as in Kata's runtime-rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HypervisorName {
+    /// `qemu-system-x86_64 -M microvm`, configured by `[hypervisor.qemu]`.
+    Qemu,
+    /// The builtin KVM VMM `kata-vmm`, configured by `[hypervisor.builtin]`.
+    Builtin,
+}
+
+impl Choice for HypervisorName {
+    const ALL: &'static [Self] = &[Self::Qemu, Self::Builtin];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Qemu => "qemu",
+            Self::Builtin => "builtin",
+        }
+    }
+}
+
 /// Which accelerator QEMU uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accelerator {

@@ -18,6 +18,32 @@ pub(crate) struct File {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct HypervisorSection {
     pub qemu: QemuSection,
+    pub builtin: BuiltinSection,
+}
+
+/// `[hypervisor.builtin]`: the builtin KVM VMM.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct BuiltinSection {
+    pub path: String,
+    pub kernel: String,
+    pub initrd: String,
+    pub kernel_params: String,
+    pub default_vcpus: u32,
+    pub default_memory: u32,
+}
+
+impl Default for BuiltinSection {
+    fn default() -> Self {
+        Self {
+            path: "/usr/local/bin/kata-vmm".into(),
+            kernel: "/usr/share/kata-containers/vmlinux".into(),
+            initrd: "/usr/share/kata-containers/kata-initrd.img".into(),
+            kernel_params: String::new(),
+            default_vcpus: 1,
+            default_memory: 512,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,7 +74,7 @@ impl Default for QemuSection {
             shared_fs: "virtio-fs".into(),
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),
-            vsock_backend: "/usr/local/bin/vhost-device-vsock".into(),
+            vsock_backend: "/usr/local/bin/kata-vsock".into(),
             accelerator: "auto".into(),
         }
     }
@@ -72,8 +98,18 @@ impl Default for KataAgentSection {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RuntimeSection {
     pub enable_debug: bool,
+    pub hypervisor_name: String,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        Self {
+            enable_debug: false,
+            hypervisor_name: "qemu".into(),
+        }
+    }
 }

@@ -18,12 +18,12 @@ mod paths;
 
 use std::path::Path;
 
-pub use choice::{Accelerator, Choice, SharedFs, VirtioFsCache};
+pub use choice::{Accelerator, Choice, HypervisorName, SharedFs, VirtioFsCache};
 pub use error::Error;
 pub use lookup::{find_config_file, CONF_FILE_ENV, DEFAULT_CONF_FILE, ETC_CONF_FILE};
 pub use model::{
-    AgentConfig, Config, HypervisorConfig, KataAgentConfig, QemuConfig, RuntimeConfig, MAX_VCPUS,
-    MIN_MEMORY_MIB,
+    AgentConfig, BuiltinConfig, Config, HypervisorConfig, KataAgentConfig, QemuConfig,
+    RuntimeConfig, MAX_BUILTIN_VCPUS, MAX_VCPUS, MIN_MEMORY_MIB,
 };
 
 /// The configuration file shipped with the runtime (installed as [`DEFAULT_CONF_FILE`]).

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::choice::{Accelerator, Choice, SharedFs, VirtioFsCache};
-use crate::file::{File, QemuSection};
+use crate::choice::{Accelerator, Choice, HypervisorName, SharedFs, VirtioFsCache};
+use crate::file::{BuiltinSection, File, QemuSection};
 use crate::Error;
 
 /// Smallest VM memory accepted, in MiB: below it the guest kernel and agent do not fit.
@@ -31,6 +31,29 @@ pub struct Config {
 pub struct HypervisorConfig {
     /// `[hypervisor.qemu]`.
     pub qemu: QemuConfig,
+    /// `[hypervisor.builtin]`.
+    pub builtin: BuiltinConfig,
+}
+
+/// Most vCPUs the builtin VMM accepts.
+pub const MAX_BUILTIN_VCPUS: u32 = 32;
+
+/// `[hypervisor.builtin]`: the builtin KVM VMM, used when `runtime.hypervisor_name` is
+/// `builtin`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltinConfig {
+    /// The kata-vmm binary.
+    pub path: PathBuf,
+    /// Guest kernel (ELF vmlinux).
+    pub kernel: PathBuf,
+    /// Guest initrd with the agent as `/init`.
+    pub initrd: PathBuf,
+    /// Appended to the built-in kernel command line.
+    pub kernel_params: String,
+    /// vCPUs per VM, 1..=[`MAX_BUILTIN_VCPUS`].
+    pub default_vcpus: u32,
+    /// Memory per VM in MiB, at least [`MIN_MEMORY_MIB`].
+    pub default_memory: u32,
 }
 
 /// `[hypervisor.qemu]`.
@@ -54,7 +77,7 @@ pub struct QemuConfig {
     pub virtio_fs_daemon: PathBuf,
     /// virtiofsd's `--cache` policy.
     pub virtio_fs_cache: VirtioFsCache,
-    /// The vhost-user vsock backend binary (vhost-device-vsock).
+    /// The vhost-user vsock backend binary (kata-vsock, or vhost-device-vsock).
     pub vsock_backend: PathBuf,
     /// kvm, tcg or auto.
     pub accelerator: Accelerator,
@@ -80,6 +103,8 @@ pub struct KataAgentConfig {
 pub struct RuntimeConfig {
     /// Debug logging and guest boot messages on the console.
     pub enable_debug: bool,
+    /// Which backend runs sandboxes.
+    pub hypervisor_name: HypervisorName,
 }
 
 impl Config {
@@ -89,6 +114,7 @@ impl Config {
             origin: origin.to_path_buf(),
             hypervisor: HypervisorConfig {
                 qemu: QemuConfig::from_section(file.hypervisor.qemu, origin)?,
+                builtin: BuiltinConfig::from_section(file.hypervisor.builtin, origin)?,
             },
             agent: AgentConfig {
                 kata: KataAgentConfig {
@@ -108,6 +134,11 @@ impl Config {
             },
             runtime: RuntimeConfig {
                 enable_debug: file.runtime.enable_debug,
+                hypervisor_name: HypervisorName::parse(
+                    origin,
+                    "runtime.hypervisor_name",
+                    &file.runtime.hypervisor_name,
+                )?,
             },
         })
     }
@@ -159,6 +190,43 @@ impl QemuConfig {
             )?,
             vsock_backend: absolute(origin, "hypervisor.qemu.vsock_backend", s.vsock_backend)?,
             accelerator: Accelerator::parse(origin, "hypervisor.qemu.accelerator", &s.accelerator)?,
+        })
+    }
+}
+
+impl BuiltinConfig {
+    fn from_section(s: BuiltinSection, origin: &Path) -> Result<Self, Error> {
+        if s.default_vcpus == 0 || s.default_vcpus > MAX_BUILTIN_VCPUS {
+            return Err(invalid(
+                origin,
+                "hypervisor.builtin.default_vcpus",
+                s.default_vcpus,
+                &format!("expected a number of vCPUs from 1 to {MAX_BUILTIN_VCPUS}"),
+            ));
+        }
+        if s.default_memory < MIN_MEMORY_MIB {
+            return Err(invalid(
+                origin,
+                "hypervisor.builtin.default_memory",
+                s.default_memory,
+                &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
+            ));
+        }
+        if s.kernel_params.contains(['\n', '\r', '\0']) {
+            return Err(Error::Invalid {
+                origin: origin.to_path_buf(),
+                key: "hypervisor.builtin.kernel_params",
+                value: format!("{:?}", s.kernel_params),
+                expected: "expected a single line".into(),
+            });
+        }
+        Ok(Self {
+            path: absolute(origin, "hypervisor.builtin.path", s.path)?,
+            kernel: absolute(origin, "hypervisor.builtin.kernel", s.kernel)?,
+            initrd: absolute(origin, "hypervisor.builtin.initrd", s.initrd)?,
+            kernel_params: s.kernel_params,
+            default_vcpus: s.default_vcpus,
+            default_memory: s.default_memory,
         })
     }
 }

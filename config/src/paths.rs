@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::{Config, Error};
+use crate::{Config, Error, HypervisorName};
 
 /// What a configured path must be.
 #[derive(Clone, Copy)]
@@ -16,25 +16,34 @@ enum Kind {
 }
 
 impl Config {
-    /// Checks that the QEMU binary, kernel, initrd and helper daemons exist and are
-    /// files (binaries executable). Returns the first problem found.
+    /// Checks that the selected backend's binaries, kernel and initrd (and, for QEMU, its
+    /// helper daemons) exist and are files (binaries executable). Returns the first
+    /// problem found.
     pub fn validate_paths(&self) -> Result<(), Error> {
         let q = &self.hypervisor.qemu;
-        let checks: [(&'static str, &Path, Kind); 5] = [
-            ("hypervisor.qemu.path", &q.path, Kind::Executable),
-            ("hypervisor.qemu.kernel", &q.kernel, Kind::File),
-            ("hypervisor.qemu.initrd", &q.initrd, Kind::File),
-            (
-                "hypervisor.qemu.virtio_fs_daemon",
-                &q.virtio_fs_daemon,
-                Kind::Executable,
-            ),
-            (
-                "hypervisor.qemu.vsock_backend",
-                &q.vsock_backend,
-                Kind::Executable,
-            ),
-        ];
+        let b = &self.hypervisor.builtin;
+        let checks: Vec<(&'static str, &Path, Kind)> = match self.runtime.hypervisor_name {
+            HypervisorName::Qemu => vec![
+                ("hypervisor.qemu.path", &q.path, Kind::Executable),
+                ("hypervisor.qemu.kernel", &q.kernel, Kind::File),
+                ("hypervisor.qemu.initrd", &q.initrd, Kind::File),
+                (
+                    "hypervisor.qemu.virtio_fs_daemon",
+                    &q.virtio_fs_daemon,
+                    Kind::Executable,
+                ),
+                (
+                    "hypervisor.qemu.vsock_backend",
+                    &q.vsock_backend,
+                    Kind::Executable,
+                ),
+            ],
+            HypervisorName::Builtin => vec![
+                ("hypervisor.builtin.path", &b.path, Kind::Executable),
+                ("hypervisor.builtin.kernel", &b.kernel, Kind::File),
+                ("hypervisor.builtin.initrd", &b.initrd, Kind::File),
+            ],
+        };
         for (key, path, kind) in checks {
             check(path, kind).map_err(|problem| Error::Path {
                 origin: self.origin.clone(),

@@ -37,10 +37,7 @@ fn empty_file_gives_defaults() {
         PathBuf::from("/usr/local/bin/virtiofsd")
     );
     assert_eq!(q.virtio_fs_cache, VirtioFsCache::Auto);
-    assert_eq!(
-        q.vsock_backend,
-        PathBuf::from("/usr/local/bin/vhost-device-vsock")
-    );
+    assert_eq!(q.vsock_backend, PathBuf::from("/usr/local/bin/kata-vsock"));
     assert_eq!(q.accelerator, Accelerator::Auto);
     assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(30));
     assert!(!c.runtime.enable_debug);
@@ -195,6 +192,26 @@ fn unknown_key_is_an_error_with_the_file() {
     assert!(msg.starts_with(&format!("{ORIGIN}: ")), "{msg}");
     assert!(msg.contains("unknown field `memory`"), "{msg}");
     assert!(msg.contains("line 2"), "{msg}");
+}
+
+#[test]
+fn builtin_hypervisor_is_selected_by_name() {
+    let c = parse(
+        "[runtime]\nhypervisor_name = \"builtin\"\n[hypervisor.builtin]\ndefault_vcpus = 2\n",
+    )
+    .unwrap();
+    assert_eq!(c.runtime.hypervisor_name, crate::HypervisorName::Builtin);
+    assert_eq!(c.hypervisor.builtin.default_vcpus, 2);
+    assert_eq!(
+        c.hypervisor.builtin.path,
+        std::path::PathBuf::from("/usr/local/bin/kata-vmm")
+    );
+    assert_eq!(
+        parse("").unwrap().runtime.hypervisor_name,
+        crate::HypervisorName::Qemu
+    );
+    assert!(err("[runtime]\nhypervisor_name = \"clh\"\n").contains("expected one of qemu, builtin"));
+    assert!(err("[hypervisor.builtin]\ndefault_vcpus = 33\n").contains("from 1 to 32"));
 }
 
 #[test]

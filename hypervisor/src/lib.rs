@@ -6,7 +6,8 @@
 //! processes to clean up after a crash (see [`kill_and_reap`]).
 //!
 //! Backends: [`qemu`] spawns `qemu-system-x86_64 -M microvm` with `virtiofsd` and
-//! `vhost-device-vsock` as vhost-user helpers. A builtin KVM VMM is to come.
+//! `vhost-device-vsock` as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
+//! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`).
 //! [`accel`] decides between KVM and TCG. [`process`] spawns, watches and reaps helper
 //! processes by pid, without relying on `Child::wait` (the shim runs a global SIGCHLD
 //! reaper).
@@ -15,6 +16,7 @@
 //! the accelerator probe cache under `/run/kata-containers/`.
 
 pub mod accel;
+pub mod builtin;
 mod error;
 pub mod process;
 pub mod qemu;
@@ -31,7 +33,15 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 
 /// The backend the configuration selects. `logger` should carry the sandbox id.
 pub fn new_hypervisor(cfg: &kata_config::Config, logger: slog::Logger) -> Box<dyn Hypervisor> {
-    Box::new(qemu::Qemu::new(cfg.hypervisor.qemu.clone(), logger))
+    match cfg.runtime.hypervisor_name {
+        kata_config::HypervisorName::Qemu => {
+            Box::new(qemu::Qemu::new(cfg.hypervisor.qemu.clone(), logger))
+        }
+        kata_config::HypervisorName::Builtin => Box::new(builtin::Builtin::new(
+            cfg.hypervisor.builtin.clone(),
+            logger,
+        )),
+    }
 }
 
 /// A logger that drops everything, for callers that have none.

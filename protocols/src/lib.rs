@@ -25,7 +25,5 @@ pub const SHARED_FS_TAG: &str = "kataShared";
 /// `<GUEST_SHARED_DIR>/<id>/rootfs`.
 pub const GUEST_SHARED_DIR: &str = "/run/kata-containers/shared/containers";
 
-/// The message kata-agent writes to the guest console once its API is listening. The shim
-/// waits for it before dialling: vhost-device-vsock 0.3 can lose a connection request
-/// that arrives before the guest driver is ready, and then never answers that socket.
+/// The message kata-agent writes to the guest console once its API is listening.
 pub const AGENT_READY_MESSAGE: &str = "serving the agent API";

@@ -89,8 +89,9 @@ impl Agent {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
         while start.elapsed() < timeout {
-            // A request sent before the guest's vsock device is ready can go unanswered
-            // (the backend drops it), so every attempt has its own short deadline.
+            // Every attempt has its own short deadline, so an unanswered request cannot
+            // stall the dial. (vhost-device-vsock 0.3 loses a request sent before the guest
+            // driver is ready and then answers no more; our kata-vsock queues it.)
             let attempt =
                 tokio::time::timeout(ATTEMPT_TIMEOUT, hybrid_vsock_connect(socket, port)).await;
             let attempt = attempt.unwrap_or_else(|_| {

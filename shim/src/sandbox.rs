@@ -97,19 +97,6 @@ pub fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
 }
 
-/// Polls the guest console log until it contains `needle`, or `timeout` passes.
-async fn wait_for_console(log: &Path, needle: &str, timeout: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if let Ok(text) = tokio::fs::read(log).await {
-            if text.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn mkdir(path: &Path) -> Result<(), SandboxError> {
     std::fs::create_dir_all(path).map_err(|source| SandboxError::Dir {
         path: path.to_path_buf(),
@@ -193,11 +180,6 @@ impl Sandbox {
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-        let dial_start = Instant::now();
-        wait_for_console(&info.console_log, protocols::AGENT_READY_MESSAGE, timeout).await;
-        let timeout = timeout
-            .saturating_sub(dial_start.elapsed())
-            .max(Duration::from_secs(1));
         let (agent, check) = Agent::dial(&info.agent_socket, protocols::AGENT_VSOCK_PORT, timeout)
             .await
             .map_err(|e| {

@@ -3,7 +3,8 @@
 //! leak checks every case ends with.
 //!
 //! `make test` provides the inputs through the environment: `KATA_TEST_KERNEL`,
-//! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2`) and
+//! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2` and
+//! `kata-vsock`) and
 //! `KATA_TEST_IMAGE` (the busybox image archive).
 
 use std::path::{Path, PathBuf};
@@ -39,9 +40,10 @@ impl Containerd {
         std::fs::write(
             &conf_file,
             format!(
-                "[hypervisor.qemu]\nkernel = \"{}\"\ninitrd = \"{}\"\n[runtime]\nenable_debug = true\n",
+                "[hypervisor.qemu]\nkernel = \"{}\"\ninitrd = \"{}\"\nvsock_backend = \"{}/kata-vsock\"\n[runtime]\nenable_debug = true\n",
                 env("KATA_TEST_KERNEL"),
-                env("KATA_TEST_INITRD")
+                env("KATA_TEST_INITRD"),
+                env("KATA_TEST_SHIM_DIR")
             ),
         )
         .expect("writing the test configuration");

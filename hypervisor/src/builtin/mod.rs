@@ -1,0 +1,248 @@
+//! The builtin backend: spawns `kata-vmm --config <run_dir>/vmm.json` (the `vmm` crate's
+//! KVM VMM) and waits until it is running the guest.
+//!
+//! kata-vmm serves the agent's hybrid vsock socket itself, so there is no helper daemon.
+//! Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run; the
+//! agent socket exists from before that. Stop is kill + reap by pid, as for QEMU.
+//!
+//! Not yet: virtio-fs (kata-vmm has no vhost-user-fs frontend), so the shared directory
+//! does not reach the guest; a warning says so. kata-vmm needs a KVM that runs guests at
+//! full speed (`kata-vmm check`); on an emulated KVM it starts, but Linux does not boot.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use kata_config::BuiltinConfig;
+use slog::{info, o, warn, Logger};
+
+use crate::process::{exit_description, kill_and_reap_async, Daemon, POLL};
+use crate::{Error, Hypervisor, VmConfig, VmInfo};
+
+/// The kernel command line before the user's `kernel_params`: a reset (through the i8042,
+/// `reboot=k`) or a panic ends kata-vmm; there is no PCI bus and only a minimal i8042.
+pub const BASE_KERNEL_PARAMS: &str =
+    "console=ttyS0 reboot=k panic=-1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+/// The guest CID.
+pub const GUEST_CID: u32 = 3;
+/// How long kata-vmm may take to build the VM and start its vCPUs.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long kata-vmm gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Files of a builtin sandbox in its run directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltinLayout {
+    /// kata-vmm's configuration.
+    pub config: PathBuf,
+    /// Written by kata-vmm once the vCPUs run.
+    pub ready_file: PathBuf,
+    /// Hybrid vsock socket the shim dials the agent on.
+    pub agent_socket: PathBuf,
+    /// The guest's serial console.
+    pub console_log: PathBuf,
+    /// kata-vmm's own stdout and stderr (JSON lines).
+    pub vmm_log: PathBuf,
+}
+
+impl BuiltinLayout {
+    pub fn new(run_dir: &Path) -> Self {
+        Self {
+            config: run_dir.join("vmm.json"),
+            ready_file: run_dir.join("vmm.ready"),
+            agent_socket: run_dir.join("kata.hvsock"),
+            console_log: run_dir.join("console.log"),
+            vmm_log: run_dir.join("kata-vmm.log"),
+        }
+    }
+
+    /// Files a previous run may have left behind that a new run must not find.
+    fn stale_files(&self) -> [&Path; 2] {
+        [&self.ready_file, &self.agent_socket]
+    }
+}
+
+/// The guest kernel command line.
+pub fn kernel_cmdline(config: &BuiltinConfig, debug: bool) -> String {
+    let mut cmdline = BASE_KERNEL_PARAMS.to_string();
+    if !debug {
+        cmdline.push_str(" quiet");
+    }
+    let extra = config.kernel_params.trim();
+    if !extra.is_empty() {
+        cmdline.push(' ');
+        cmdline.push_str(extra);
+    }
+    cmdline
+}
+
+/// kata-vmm's `vmm.json` for this sandbox.
+pub fn vmm_config(config: &BuiltinConfig, layout: &BuiltinLayout, debug: bool) -> String {
+    serde_json::json!({
+        "kernel": config.kernel,
+        "initrd": config.initrd,
+        "cmdline": kernel_cmdline(config, debug),
+        "vcpus": config.default_vcpus,
+        "memory_mib": config.default_memory,
+        "serial_log": layout.console_log,
+        "vsock": { "guest_cid": GUEST_CID, "uds_path": layout.agent_socket },
+        "rng": true,
+        "seccomp": true,
+        "ready_file": layout.ready_file,
+    })
+    .to_string()
+}
+
+/// The builtin backend of one sandbox.
+pub struct Builtin {
+    config: BuiltinConfig,
+    logger: Logger,
+    running: Option<Running>,
+}
+
+struct Running {
+    vmm_pid: i32,
+    layout: BuiltinLayout,
+}
+
+impl Builtin {
+    pub fn new(config: BuiltinConfig, logger: Logger) -> Self {
+        Self {
+            config,
+            logger: logger.new(o!("hypervisor" => "builtin")),
+            running: None,
+        }
+    }
+
+    fn check_files(&self) -> Result<(), Error> {
+        for (what, file) in [
+            ("kernel", &self.config.kernel),
+            ("initrd", &self.config.initrd),
+        ] {
+            if !file.is_file() {
+                return Err(Error::Unsupported(format!(
+                    "starting kata-vmm failed: the guest {what} {} does not exist",
+                    file.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn remove_stale(layout: &BuiltinLayout) -> Result<(), Error> {
+    for path in layout.stale_files() {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::RunDir {
+                    path: path.to_path_buf(),
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the ready file and the agent socket, kata-vmm's death, or the deadline.
+async fn wait_ready(d: &Daemon<'_>, pid: i32, layout: &BuiltinLayout) -> Result<(), Error> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if layout.ready_file.exists() && layout.agent_socket.exists() {
+            return Ok(());
+        }
+        if let Some(how) = exit_description(pid) {
+            return Err(d.failed(format!("it {how} before the VM was running")));
+        }
+        if Instant::now() >= deadline {
+            return Err(d.failed(format!(
+                "{} did not appear within {} s",
+                layout.ready_file.display(),
+                READY_TIMEOUT.as_secs()
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[async_trait]
+impl Hypervisor for Builtin {
+    async fn start_vm(&mut self, cfg: &VmConfig) -> Result<VmInfo, Error> {
+        if let Some(r) = &self.running {
+            return Err(Error::AlreadyRunning(r.vmm_pid));
+        }
+        self.check_files()?;
+        let started_at = Instant::now();
+        let layout = BuiltinLayout::new(&cfg.run_dir);
+        remove_stale(&layout)?;
+        warn!(self.logger, "the builtin VMM has no virtio-fs yet: the shared directory does not reach the guest";
+            "shared_dir" => cfg.shared_dir.display().to_string());
+        std::fs::write(&layout.config, vmm_config(&self.config, &layout, cfg.debug)).map_err(
+            |source| Error::RunDir {
+                path: layout.config.clone(),
+                source,
+            },
+        )?;
+        let daemon = Daemon {
+            step: "kata-vmm",
+            program: &self.config.path,
+            args: vec!["--config".into(), layout.config.display().to_string()],
+            env: Vec::new(),
+            log: layout.vmm_log.clone(),
+        };
+        info!(self.logger, "starting kata-vmm";
+            "command" => format!("{} --config {}", self.config.path.display(), layout.config.display()),
+            "log" => layout.vmm_log.display().to_string());
+        let pid = daemon.spawn()?;
+        if let Err(e) = wait_ready(&daemon, pid, &layout).await {
+            warn!(self.logger, "VM start failed; stopping kata-vmm"; "error" => e.to_string(), "pid" => pid);
+            let survivors = kill_and_reap_async(vec![pid], STOP_GRACE).await;
+            if !survivors.is_empty() {
+                warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+            }
+            let _ = remove_stale(&layout);
+            return Err(e);
+        }
+        info!(self.logger, "VM started"; "vmm_pid" => pid,
+            "elapsed_ms" => started_at.elapsed().as_millis() as u64);
+        let info = VmInfo {
+            agent_socket: layout.agent_socket.clone(),
+            vmm_pid: pid,
+            helper_pids: Vec::new(),
+            console_log: layout.console_log.clone(),
+            accelerator: "kvm".into(),
+        };
+        self.running = Some(Running {
+            vmm_pid: pid,
+            layout,
+        });
+        Ok(info)
+    }
+
+    async fn stop_vm(&mut self) -> Result<(), Error> {
+        let Some(running) = self.running.take() else {
+            return Ok(());
+        };
+        info!(self.logger, "stopping VM"; "pid" => running.vmm_pid);
+        let survivors = kill_and_reap_async(vec![running.vmm_pid], STOP_GRACE).await;
+        if let Err(e) = remove_stale(&running.layout) {
+            warn!(self.logger, "cannot remove stale files"; "error" => e.to_string());
+        }
+        if survivors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Survivors { pids: survivors })
+        }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.running
+            .as_ref()
+            .map(|r| vec![r.vmm_pid])
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

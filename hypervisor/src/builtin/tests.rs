@@ -1,0 +1,123 @@
+use std::process::Command;
+
+use super::*;
+
+fn config(dir: &Path) -> BuiltinConfig {
+    BuiltinConfig {
+        path: PathBuf::from("/usr/local/bin/kata-vmm"),
+        kernel: dir.join("vmlinux"),
+        initrd: dir.join("initrd"),
+        kernel_params: "agent.log=debug".into(),
+        default_vcpus: 1,
+        default_memory: 128,
+    }
+}
+
+#[test]
+fn cmdline_and_vmm_json() {
+    let dir = Path::new("/run/vc/sb1");
+    let c = config(dir);
+    assert_eq!(
+        kernel_cmdline(&c, false),
+        format!("{BASE_KERNEL_PARAMS} quiet agent.log=debug")
+    );
+    let layout = BuiltinLayout::new(dir);
+    let json: serde_json::Value = serde_json::from_str(&vmm_config(&c, &layout, true)).unwrap();
+    assert_eq!(json["kernel"], "/run/vc/sb1/vmlinux");
+    assert_eq!(json["vcpus"], 1);
+    assert_eq!(json["memory_mib"], 128);
+    assert_eq!(json["serial_log"], "/run/vc/sb1/console.log");
+    assert_eq!(json["vsock"]["guest_cid"], 3);
+    assert_eq!(json["vsock"]["uds_path"], "/run/vc/sb1/kata.hvsock");
+    assert_eq!(json["ready_file"], "/run/vc/sb1/vmm.ready");
+    assert!(!json["cmdline"].as_str().unwrap().contains("quiet"));
+}
+
+/// The kata-vmm binary of this workspace, if it has been built (`cargo build -p vmm`).
+fn kata_vmm() -> Option<PathBuf> {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+    ["debug", "release"]
+        .iter()
+        .map(|p| target.join(p).join("kata-vmm"))
+        .find(|p| p.is_file())
+}
+
+/// A guest that spins forever: a 64-bit ELF entered at 1 MiB.
+fn spin_guest(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("spin.S");
+    std::fs::write(&src, ".code64\n.globl _start\n_start: jmp _start\n").ok()?;
+    let obj = dir.join("spin.o");
+    let elf = dir.join("vmlinux");
+    let ok = Command::new("as")
+        .args(["--64", "-o"])
+        .arg(&obj)
+        .arg(&src)
+        .status()
+        .ok()?
+        .success()
+        && Command::new("ld")
+            .args(["-m", "elf_x86_64", "-Ttext=0x100000", "-e", "_start", "-o"])
+            .arg(&elf)
+            .arg(&obj)
+            .status()
+            .ok()?
+            .success();
+    ok.then_some(elf)
+}
+
+#[tokio::test]
+async fn starts_and_stops_kata_vmm_by_pid() {
+    let Some(vmm) = kata_vmm() else {
+        eprintln!("skipped: build kata-vmm first (cargo build -p vmm)");
+        return;
+    };
+    if !Path::new("/dev/kvm").exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(kernel) = spin_guest(dir.path()) else {
+        eprintln!("skipped: binutils are missing");
+        return;
+    };
+    std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let mut c = config(dir.path());
+    c.path = vmm;
+    c.kernel = kernel;
+    let mut backend = Builtin::new(c, crate::discard_logger());
+    let vm = VmConfig {
+        sandbox_id: "sb1".into(),
+        run_dir: run_dir.clone(),
+        shared_dir: dir.path().join("shared"),
+        debug: false,
+    };
+    let info = backend.start_vm(&vm).await.unwrap();
+    assert_eq!(backend.pids(), vec![info.vmm_pid]);
+    assert!(info.agent_socket.exists());
+    assert!(crate::process::is_running(info.vmm_pid));
+    assert!(matches!(
+        backend.start_vm(&vm).await,
+        Err(Error::AlreadyRunning(_))
+    ));
+    backend.stop_vm().await.unwrap();
+    assert!(!crate::process::is_running(info.vmm_pid));
+    assert!(backend.pids().is_empty());
+    assert!(!info.agent_socket.exists());
+    backend.stop_vm().await.unwrap();
+}
+
+#[tokio::test]
+async fn missing_kernel_is_reported_before_spawning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = Builtin::new(config(dir.path()), crate::discard_logger());
+    let vm = VmConfig {
+        sandbox_id: "sb1".into(),
+        run_dir: dir.path().to_path_buf(),
+        shared_dir: dir.path().to_path_buf(),
+        debug: false,
+    };
+    let e = backend.start_vm(&vm).await.unwrap_err().to_string();
+    assert!(e.contains("vmlinux does not exist"), "{e}");
+    assert!(backend.pids().is_empty());
+}

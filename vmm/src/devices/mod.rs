@@ -1,0 +1,10 @@
+//! Device models: the port I/O and MMIO buses, legacy devices (serial, i8042), the
+//! virtio-mmio transport with its queue-notification worker, and virtio devices.
+
+pub mod bus;
+pub mod i8042;
+pub mod mmio;
+pub mod notifier;
+pub mod rng;
+pub mod serial;
+pub mod vsock_mmio;

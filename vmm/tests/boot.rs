@@ -1,0 +1,374 @@
+//! Boots test guests in the real kata-vmm binary on /dev/kvm.
+//!
+//! The guests are a few thousand instructions at most: an emulated KVM runs about a million
+//! instructions per second. Deadlines are generous; timings are never asserted.
+
+mod guests;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use guests::*;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Kills the VMM by pid when the test ends, passing or failing.
+struct VmmProcess {
+    child: Child,
+}
+
+impl Drop for VmmProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on the pid of our own unreaped child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl VmmProcess {
+    fn wait(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn stderr(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+fn kvm_available() -> bool {
+    Path::new("/dev/kvm").exists()
+}
+
+struct Run {
+    status: ExitStatus,
+    serial: String,
+    stderr: String,
+}
+
+fn start_vmm(
+    dir: &Path,
+    kernel: &Path,
+    cmdline: &str,
+    extra: serde_json::Value,
+) -> (VmmProcess, PathBuf) {
+    let serial = dir.join("serial.log");
+    let mut config = serde_json::json!({
+        "kernel": kernel,
+        "cmdline": cmdline,
+        "vcpus": 1,
+        "memory_mib": 128,
+        "serial_log": serial,
+    });
+    if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+    let config_path = dir.join("vmm.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_kata-vmm"))
+        .arg("--config")
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (VmmProcess { child }, serial)
+}
+
+fn boot(source: &str, cmdline: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "guest", source);
+    let (mut vmm, serial) = start_vmm(dir.path(), &kernel, cmdline, serde_json::json!({}));
+    let status = vmm.wait(DEADLINE);
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
+    let status = status.unwrap_or_else(|| {
+        panic!("kata-vmm did not exit within {DEADLINE:?}; serial: {serial:?}; stderr: {stderr}")
+    });
+    Run {
+        status,
+        serial,
+        stderr,
+    }
+}
+
+#[test]
+fn linux64_guest_prints_cmdline_from_zero_page() {
+    if !kvm_available() {
+        return;
+    }
+    let cmdline = "console=ttyS0 kata.test=zero-page";
+    let run = boot(&linux64_cmdline_guest(), cmdline);
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert!(
+        run.serial.starts_with("LM e820=00000003 ["),
+        "serial: {:?}",
+        run.serial
+    );
+    assert!(run.serial.contains(cmdline), "serial: {:?}", run.serial);
+    // The virtio-rng device is announced after the configured command line.
+    assert!(
+        run.serial.contains("virtio_mmio.device=4K@0xd0000000:5]"),
+        "serial: {:?}",
+        run.serial
+    );
+    assert!(run.stderr.contains("i8042"), "stderr: {}", run.stderr);
+}
+
+#[test]
+fn i8042_reset_exits_zero() {
+    if !kvm_available() {
+        return;
+    }
+    let run = boot(&reset_guest(), "");
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert!(
+        run.stderr.contains("reset the machine through the i8042"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn triple_fault_exits_zero() {
+    if !kvm_available() {
+        return;
+    }
+    let run = boot(&triple_fault_guest(), "");
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert_eq!(run.serial, "T");
+    assert!(run.stderr.contains("shut down"), "{}", run.stderr);
+}
+
+#[test]
+fn halt_with_interrupts_off_exits_zero() {
+    if !kvm_available() {
+        return;
+    }
+    let run = boot(&cli_hlt_guest(), "");
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert_eq!(run.serial, "H");
+    assert!(run.stderr.contains("interrupts disabled"), "{}", run.stderr);
+}
+
+#[test]
+fn pvh_guest_sees_start_info_and_virtio_rng() {
+    if !kvm_available() {
+        return;
+    }
+    let run = boot(&pvh_virtio_guest(), "pvh=yes");
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert!(run.stderr.contains("Pvh entry"), "{}", run.stderr);
+    assert!(
+        run.serial
+            .starts_with("PVH cmdline=pvh=yes virtio_mmio.device=4K@0xd0000000:5"),
+        "serial: {:?}",
+        run.serial
+    );
+    assert!(
+        run.serial
+            .contains(" magic=74726976 version=00000002 id=00000004"),
+        "serial: {:?}",
+        run.serial
+    );
+    assert!(
+        run.serial.contains(" status=0000000f"),
+        "serial: {:?}",
+        run.serial
+    );
+    assert!(
+        run.serial.contains(" rng-used-len=00000010"),
+        "serial: {:?}",
+        run.serial
+    );
+}
+
+#[test]
+fn sigterm_stops_a_running_guest() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Spins forever with interrupts on.
+    let kernel = build_guest(
+        dir.path(),
+        "spin",
+        ".code64\n.globl _start\n_start: jmp _start\n",
+    );
+    let ready = dir.path().join("ready");
+    let (mut vmm, _) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "ready_file": ready }),
+    );
+    let start = Instant::now();
+    while !ready.exists() && start.elapsed() < DEADLINE {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = std::fs::read_to_string(&ready).unwrap();
+    assert_eq!(pid.trim(), vmm.child.id().to_string());
+    // SAFETY: kill(2) on the pid of our own running child.
+    unsafe { libc::kill(vmm.child.id() as i32, libc::SIGTERM) };
+    let status = vmm
+        .wait(DEADLINE)
+        .expect("kata-vmm did not stop on SIGTERM");
+    let stderr = vmm.stderr();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("stopped by signal 15"), "{stderr}");
+}
+
+#[test]
+fn vsock_device_is_announced_and_its_socket_listens() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "vsock", &vsock_probe_guest());
+    let uds = dir.path().join("kata.hvsock");
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "vsock": { "guest_cid": 42, "uds_path": uds } }),
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(serial).unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("virtio_mmio.device=4K@0xd0001000:6"),
+        "{stderr}"
+    );
+    assert_eq!(serial, "vsock id=00000013 cid=0000002a\n");
+}
+
+#[test]
+fn vsock_socket_accepts_connections_while_the_guest_runs() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(
+        dir.path(),
+        "spin",
+        ".code64\n.globl _start\n_start: jmp _start\n",
+    );
+    let uds = dir.path().join("kata.hvsock");
+    let ready = dir.path().join("ready");
+    let (mut vmm, _) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "ready_file": ready, "vsock": { "guest_cid": 3, "uds_path": uds } }),
+    );
+    let start = Instant::now();
+    while !ready.exists() && start.elapsed() < DEADLINE {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "stderr: {}", vmm.stderr());
+    use std::io::Write;
+    let mut stream = std::os::unix::net::UnixStream::connect(&uds).unwrap();
+    stream.write_all(b"CONNECT 1024\n").unwrap();
+    // No guest driver answers; the VMM must stay up (and not be killed by its seccomp
+    // filter while the device thread handles the connection).
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        vmm.child.try_wait().unwrap().is_none(),
+        "stderr: {}",
+        vmm.stderr()
+    );
+}
+
+#[test]
+fn vsock_stream_between_host_socket_and_guest() {
+    if !kvm_available() {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "echo", &vsock_echo_guest());
+    let uds = dir.path().join("kata.hvsock");
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "vsock": { "guest_cid": 3, "uds_path": uds } }),
+    );
+    // The guest says when its queues are set up.
+    let start = Instant::now();
+    while !std::fs::read_to_string(&serial)
+        .unwrap_or_default()
+        .contains("vsock ready")
+    {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "guest not ready: {}",
+            vmm.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut stream = std::os::unix::net::UnixStream::connect(&uds).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream.write_all(b"CONNECT 1024\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("OK "), "{line:?}");
+    line.clear();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line, "hello from guest\n");
+    stream.write_all(b"ping\n").unwrap();
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(&serial).unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert_eq!(serial, "vsock ready\ngot: ping\n", "stderr: {stderr}");
+}
+
+#[test]
+fn check_gives_a_verdict() {
+    if !kvm_available() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-vmm"))
+        .arg("check")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(matches!(out.status.code(), Some(0) | Some(2)), "{text}");
+    assert!(text.contains("KVM"), "{text}");
+}
+
+#[test]
+fn bad_config_fails_with_a_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vmm.json");
+    std::fs::write(&config, r#"{"kernel": "/nonexistent/vmlinux"}"#).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-vmm"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if kvm_available() {
+        assert!(stderr.contains("/nonexistent/vmlinux"), "{stderr}");
+    }
+}

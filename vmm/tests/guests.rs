@@ -1,0 +1,469 @@
+//! Test guests, assembled and linked with binutils at test time.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Assembles `source` (GNU as, AT&T syntax) and links it at 1 MiB into `dir/name`.
+pub fn build_guest(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.S"));
+    let obj = dir.join(format!("{name}.o"));
+    let elf = dir.join(name);
+    std::fs::write(&src, source).unwrap();
+    let status = Command::new("as")
+        .args(["--64", "-o"])
+        .arg(&obj)
+        .arg(&src)
+        .status()
+        .expect("binutils' `as` must be installed");
+    assert!(status.success(), "as failed on {name}");
+    let status = Command::new("ld")
+        .args([
+            "-m",
+            "elf_x86_64",
+            "-nostdlib",
+            "-static",
+            "-Ttext=0x100000",
+            "-e",
+            "_start",
+            "-o",
+        ])
+        .arg(&elf)
+        .arg(&obj)
+        .status()
+        .expect("binutils' `ld` must be installed");
+    assert!(status.success(), "ld failed on {name}");
+    elf
+}
+
+/// Serial helpers shared by the guests: `puts` prints the NUL-terminated string at
+/// (%rbx or %ebx), `hex32` prints %eax as 8 hex digits. Both clobber %eax/%ecx/%edx.
+pub const SERIAL_HELPERS: &str = r#"
+puts:
+    mov $0x3f8, %dx
+1:  movb (%ebx), %al
+    test %al, %al
+    jz 2f
+    out %al, %dx
+    inc %ebx
+    jmp 1b
+2:  ret
+
+hex32:
+    mov %eax, %esi
+    mov $8, %ecx
+    mov $0x3f8, %dx
+3:  rol $4, %esi
+    mov %esi, %eax
+    and $0xf, %eax
+    cmp $10, %al
+    jb 4f
+    add $('a' - 10 - '0'), %al
+4:  add $'0', %al
+    out %al, %dx
+    dec %ecx
+    jnz 3b
+    ret
+
+reset:
+    mov $0xfe, %al
+    out %al, $0x64
+5:  hlt
+    jmp 5b
+"#;
+
+/// 64-bit Linux boot protocol guest: checks EFER.LMA, prints "LM ", the e820 entry count
+/// from the zero page (at %rsi), then the command line at the zero page's cmd_line_ptr,
+/// then resets through the i8042.
+pub fn linux64_cmdline_guest() -> String {
+    format!(
+        r#"
+    .code64
+    .text
+    .globl _start
+_start:
+    mov %rsi, %rdi
+    mov $0xc0000080, %ecx
+    rdmsr
+    bt $10, %eax
+    jnc no_long_mode
+    lea msg_lm(%rip), %rbx
+    call puts
+    movzbl 0x1e8(%rdi), %eax
+    call hex32
+    mov $' ', %al
+    out %al, %dx
+    mov $'[', %al
+    out %al, %dx
+    mov 0x228(%rdi), %ebx
+    call puts
+    mov $']', %al
+    out %al, %dx
+    mov $'\n', %al
+    out %al, %dx
+    jmp reset
+no_long_mode:
+    lea msg_nolm(%rip), %rbx
+    call puts
+    jmp reset
+{SERIAL_HELPERS}
+msg_lm: .asciz "LM e820="
+msg_nolm: .asciz "NOT IN LONG MODE\n"
+"#
+    )
+}
+
+/// The smallest guest: reset through the i8042 right away.
+pub fn reset_guest() -> String {
+    r#"
+    .code64
+    .text
+    .globl _start
+_start:
+    mov $0xfe, %al
+    out %al, $0x64
+1:  hlt
+    jmp 1b
+"#
+    .to_string()
+}
+
+/// A guest that triple-faults: `ud2` with an IDT too short to hold any vector.
+pub fn triple_fault_guest() -> String {
+    r#"
+    .code64
+    .text
+    .globl _start
+_start:
+    mov $0x3f8, %dx
+    mov $'T', %al
+    out %al, %dx
+    ud2
+1:  jmp 1b
+"#
+    .to_string()
+}
+
+/// A guest that prints "H" and halts with interrupts disabled.
+pub fn cli_hlt_guest() -> String {
+    r#"
+    .code64
+    .text
+    .globl _start
+_start:
+    mov $0x3f8, %dx
+    mov $'H', %al
+    out %al, %dx
+    cli
+1:  hlt
+    jmp 1b
+"#
+    .to_string()
+}
+
+/// A PVH guest (32-bit protected mode, `%ebx` = hvm_start_info) that checks the start info
+/// magic, prints the command line from it, reads the first virtio-mmio device's
+/// identification registers, then drives a virtio-rng request through queue 0 and prints the
+/// length the device reports in the used ring.
+pub fn pvh_virtio_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    # PVH provides no stack; the kernel sets its own too.
+    mov $0x8ff0, %esp
+    mov %ebx, %edi
+    cmpl $0x336ec578, (%edi)
+    jne bad_magic
+    lea msg_pvh, %ebx
+    call puts
+    mov 24(%edi), %ebx
+    call puts
+    lea msg_magic, %ebx
+    call puts
+    mov 0xd0000000, %eax
+    call hex32
+    lea msg_version, %ebx
+    call puts
+    mov 0xd0000004, %eax
+    call hex32
+    lea msg_id, %ebx
+    call puts
+    mov 0xd0000008, %eax
+    call hex32
+
+    # virtio handshake: ACKNOWLEDGE, DRIVER, VERSION_1, FEATURES_OK
+    movl $1, 0xd0000070
+    movl $3, 0xd0000070
+    movl $1, 0xd0000024
+    movl $1, 0xd0000020
+    movl $11, 0xd0000070
+    # queue 0: 8 entries at 0x200000 (desc), 0x201000 (avail), 0x202000 (used)
+    movl $0, 0xd0000030
+    movl $8, 0xd0000038
+    movl $0x200000, 0xd0000080
+    movl $0x201000, 0xd0000090
+    movl $0x202000, 0xd00000a0
+    movl $1, 0xd0000044
+    movl $15, 0xd0000070
+    lea msg_status, %ebx
+    call puts
+    mov 0xd0000070, %eax
+    call hex32
+    # one device-writable 16-byte buffer at 0x203000
+    movl $0x203000, 0x200000
+    movl $0, 0x200004
+    movl $16, 0x200008
+    movw $2, 0x20000c
+    movw $0, 0x20000e
+    movw $0, 0x201000
+    movw $0, 0x201004
+    movw $1, 0x201002
+    movl $0, 0xd0000050
+    mov $2000000, %ecx
+wait_used:
+    cmpw $1, 0x202002
+    je used
+    dec %ecx
+    jnz wait_used
+    lea msg_timeout, %ebx
+    call puts
+    jmp reset
+used:
+    lea msg_used, %ebx
+    call puts
+    mov 0x202008, %eax
+    call hex32
+    mov $'\n', %al
+    out %al, %dx
+    jmp reset
+bad_magic:
+    lea msg_bad, %ebx
+    call puts
+    jmp reset
+{SERIAL_HELPERS}
+msg_pvh: .asciz "PVH cmdline="
+msg_magic: .asciz " magic="
+msg_version: .asciz " version="
+msg_id: .asciz " id="
+msg_status: .asciz " status="
+msg_used: .asciz " rng-used-len="
+msg_timeout: .asciz " rng-timeout\n"
+msg_bad: .asciz "BAD PVH MAGIC\n"
+
+    .section .note.Xen, "a", @note
+    .align 4
+    .long 4
+    .long 8
+    .long 18
+    .asciz "Xen"
+    .align 4
+    .quad _start
+"#
+    )
+}
+
+/// PVH guest (paging off, so the MMIO gap above the 1 GiB identity map is reachable) that
+/// prints the device id and the config space (guest CID, low word) of the second
+/// virtio-mmio device, then resets.
+pub fn vsock_probe_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    lea msg_id, %ebx
+    call puts
+    mov 0xd0001008, %eax
+    call hex32
+    lea msg_cid, %ebx
+    call puts
+    mov 0xd0001100, %eax
+    call hex32
+    mov $'\n', %al
+    out %al, %dx
+    jmp reset
+{SERIAL_HELPERS}
+msg_id: .asciz "vsock id="
+msg_cid: .asciz " cid="
+{PVH_NOTE}
+"#
+    )
+}
+
+/// The ELF note that announces a PVH entry at `_start`.
+pub const PVH_NOTE: &str = r#"
+    .section .note.Xen, "a", @note
+    .align 4
+    .long 4
+    .long 8
+    .long 18
+    .asciz "Xen"
+    .align 4
+    .quad _start
+"#;
+
+/// PVH guest that drives virtio-vsock (second device, CID 3) by hand: sets up rx (8 buffers)
+/// and tx queues, waits for a connection REQUEST to port 1024, answers RESPONSE, sends
+/// "hello from guest\n", then prints the payload of the first RW packet it receives as
+/// "got: ..." and resets.
+pub fn vsock_echo_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    movl $1, 0xd0001070
+    movl $3, 0xd0001070
+    movl $1, 0xd0001024
+    movl $1, 0xd0001020
+    movl $11, 0xd0001070
+    # rx: queue 0
+    movl $0, 0xd0001030
+    movl $8, 0xd0001038
+    movl $0x200000, 0xd0001080
+    movl $0x201000, 0xd0001090
+    movl $0x202000, 0xd00010a0
+    movl $1, 0xd0001044
+    # tx: queue 1
+    movl $1, 0xd0001030
+    movl $8, 0xd0001038
+    movl $0x204000, 0xd0001080
+    movl $0x205000, 0xd0001090
+    movl $0x206000, 0xd00010a0
+    movl $1, 0xd0001044
+    movl $15, 0xd0001070
+    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
+    xor %ecx, %ecx
+1:  mov %ecx, %eax
+    shl $12, %eax
+    add $0x210000, %eax
+    mov %ecx, %edi
+    shl $4, %edi
+    mov %eax, 0x200000(%edi)
+    movl $0, 0x200004(%edi)
+    movl $4096, 0x200008(%edi)
+    movw $2, 0x20000c(%edi)
+    movw $0, 0x20000e(%edi)
+    movw %cx, 0x201004(,%ecx,2)
+    inc %ecx
+    cmp $8, %ecx
+    jne 1b
+    movw $8, 0x201002
+    movl $0, 0xd0001050
+    lea msg_ready, %ebx
+    call puts
+
+    call next_rx
+    cmpw $1, 30(%edi)
+    jne fail
+    cmpl $1024, 20(%edi)
+    jne fail
+    mov 16(%edi), %eax
+    mov %eax, host_port
+
+    # tx desc 0: RESPONSE header; desc 1 -> 2: RW header + payload
+    mov $0x220000, %edi
+    mov $2, %eax
+    xor %ecx, %ecx
+    call make_hdr
+    mov $0x220100, %edi
+    mov $5, %eax
+    mov $(msg_hello_end - msg_hello), %ecx
+    call make_hdr
+    lea msg_hello, %esi
+    mov $0x220200, %edi
+    rep movsb
+    movl $0x220000, 0x204000
+    movl $0, 0x204004
+    movl $44, 0x204008
+    movw $0, 0x20400c
+    movl $0x220100, 0x204010
+    movl $0, 0x204014
+    movl $44, 0x204018
+    movw $1, 0x20401c
+    movw $2, 0x20401e
+    movl $0x220200, 0x204020
+    movl $0, 0x204024
+    movl $(msg_hello_end - msg_hello), 0x204028
+    movw $0, 0x20402c
+    movw $0, 0x205004
+    movw $1, 0x205006
+    movw $2, 0x205002
+    movl $1, 0xd0001050
+
+    # wait for data from the host
+2:  call next_rx
+    cmpw $3, 30(%edi)
+    je fail
+    cmpw $5, 30(%edi)
+    jne 2b
+    lea msg_got, %ebx
+    call puts
+    mov 24(%edi), %ecx
+    lea 44(%edi), %ebx
+    mov $0x3f8, %dx
+3:  test %ecx, %ecx
+    jz 4f
+    movb (%ebx), %al
+    out %al, %dx
+    inc %ebx
+    dec %ecx
+    jmp 3b
+4:  jmp reset
+
+fail:
+    lea msg_fail, %ebx
+    call puts
+    jmp reset
+
+# Waits for the next used rx entry; returns its buffer in %edi.
+next_rx:
+    movzwl rx_last, %eax
+5:  cmpw %ax, 0x202002
+    je 5b
+    mov %eax, %ecx
+    and $7, %ecx
+    mov 0x202004(,%ecx,8), %edx
+    shl $12, %edx
+    lea 0x210000(%edx), %edi
+    inc %eax
+    mov %ax, rx_last
+    ret
+
+# Writes a stream header at %edi: op %ax, payload length %ecx, guest port 1024.
+make_hdr:
+    movl $3, 0(%edi)
+    movl $0, 4(%edi)
+    movl $2, 8(%edi)
+    movl $0, 12(%edi)
+    movl $1024, 16(%edi)
+    mov host_port, %edx
+    mov %edx, 20(%edi)
+    mov %ecx, 24(%edi)
+    movw $1, 28(%edi)
+    movw %ax, 30(%edi)
+    movl $0, 32(%edi)
+    movl $65536, 36(%edi)
+    movl $0, 40(%edi)
+    ret
+{SERIAL_HELPERS}
+rx_last: .word 0
+    .align 4
+host_port: .long 0
+msg_ready: .asciz "vsock ready\n"
+msg_got: .asciz "got: "
+msg_fail: .asciz "vsock FAILED\n"
+msg_hello: .ascii "hello from guest\n"
+msg_hello_end:
+{PVH_NOTE}
+"#
+    )
+}
