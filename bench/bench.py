@@ -727,7 +727,7 @@ class Bench:
               "helper_pids entry named virtiofsd and its descendants (sandbox child)",
               kata=[m["virtiofsd"] for m in mem], single=True)
         R.add(sec, "pss_vsock_mib", "vsock backend", "MiB",
-              "the other helper_pids entry (vhost-device-vsock) and its descendants",
+              "the other helper_pids entry (the vsock backend, kata-vsock by default) and its descendants",
               kata=[m["vsock"] for m in mem], single=True)
         R.add(sec, "pss_sum_mib", "sum", "MiB",
               "kata: shim + VMM + virtiofsd + vsock backend; runc: shim + container processes",
