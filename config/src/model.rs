@@ -144,32 +144,63 @@ impl Config {
     }
 }
 
+/// The keys of one hypervisor section that [`check_vm_shape`] checks.
+struct VmShapeKeys {
+    vcpus: &'static str,
+    memory: &'static str,
+    kernel_params: &'static str,
+}
+
+/// The checks every hypervisor section shares: vCPUs in 1..=`max_vcpus`, enough memory,
+/// a one-line kernel command line.
+fn check_vm_shape(
+    origin: &Path,
+    keys: VmShapeKeys,
+    (vcpus, max_vcpus): (u32, u32),
+    memory_mib: u32,
+    kernel_params: &str,
+) -> Result<(), Error> {
+    if vcpus == 0 || vcpus > max_vcpus {
+        return Err(invalid(
+            origin,
+            keys.vcpus,
+            vcpus,
+            &format!("expected a number of vCPUs from 1 to {max_vcpus}"),
+        ));
+    }
+    if memory_mib < MIN_MEMORY_MIB {
+        return Err(invalid(
+            origin,
+            keys.memory,
+            memory_mib,
+            &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
+        ));
+    }
+    if kernel_params.contains(['\n', '\r', '\0']) {
+        return Err(Error::Invalid {
+            origin: origin.to_path_buf(),
+            key: keys.kernel_params,
+            value: format!("{kernel_params:?}"),
+            expected: "expected a single line".into(),
+        });
+    }
+    Ok(())
+}
+
 impl QemuConfig {
     fn from_section(s: QemuSection, origin: &Path) -> Result<Self, Error> {
-        if s.default_vcpus == 0 || s.default_vcpus > MAX_VCPUS {
-            return Err(invalid(
-                origin,
-                "hypervisor.qemu.default_vcpus",
-                s.default_vcpus,
-                &format!("expected a number of vCPUs from 1 to {MAX_VCPUS}"),
-            ));
-        }
-        if s.default_memory < MIN_MEMORY_MIB {
-            return Err(invalid(
-                origin,
-                "hypervisor.qemu.default_memory",
-                s.default_memory,
-                &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
-            ));
-        }
-        if s.kernel_params.contains(['\n', '\r', '\0']) {
-            return Err(Error::Invalid {
-                origin: origin.to_path_buf(),
-                key: "hypervisor.qemu.kernel_params",
-                value: format!("{:?}", s.kernel_params),
-                expected: "expected a single line".into(),
-            });
-        }
+        let keys = VmShapeKeys {
+            vcpus: "hypervisor.qemu.default_vcpus",
+            memory: "hypervisor.qemu.default_memory",
+            kernel_params: "hypervisor.qemu.kernel_params",
+        };
+        check_vm_shape(
+            origin,
+            keys,
+            (s.default_vcpus, MAX_VCPUS),
+            s.default_memory,
+            &s.kernel_params,
+        )?;
         Ok(Self {
             path: absolute(origin, "hypervisor.qemu.path", s.path)?,
             kernel: absolute(origin, "hypervisor.qemu.kernel", s.kernel)?,
@@ -196,30 +227,18 @@ impl QemuConfig {
 
 impl BuiltinConfig {
     fn from_section(s: BuiltinSection, origin: &Path) -> Result<Self, Error> {
-        if s.default_vcpus == 0 || s.default_vcpus > MAX_BUILTIN_VCPUS {
-            return Err(invalid(
-                origin,
-                "hypervisor.builtin.default_vcpus",
-                s.default_vcpus,
-                &format!("expected a number of vCPUs from 1 to {MAX_BUILTIN_VCPUS}"),
-            ));
-        }
-        if s.default_memory < MIN_MEMORY_MIB {
-            return Err(invalid(
-                origin,
-                "hypervisor.builtin.default_memory",
-                s.default_memory,
-                &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
-            ));
-        }
-        if s.kernel_params.contains(['\n', '\r', '\0']) {
-            return Err(Error::Invalid {
-                origin: origin.to_path_buf(),
-                key: "hypervisor.builtin.kernel_params",
-                value: format!("{:?}", s.kernel_params),
-                expected: "expected a single line".into(),
-            });
-        }
+        let keys = VmShapeKeys {
+            vcpus: "hypervisor.builtin.default_vcpus",
+            memory: "hypervisor.builtin.default_memory",
+            kernel_params: "hypervisor.builtin.kernel_params",
+        };
+        check_vm_shape(
+            origin,
+            keys,
+            (s.default_vcpus, MAX_BUILTIN_VCPUS),
+            s.default_memory,
+            &s.kernel_params,
+        )?;
         Ok(Self {
             path: absolute(origin, "hypervisor.builtin.path", s.path)?,
             kernel: absolute(origin, "hypervisor.builtin.kernel", s.kernel)?,
