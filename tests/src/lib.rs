@@ -119,6 +119,18 @@ impl Containerd {
         args
     }
 
+    /// `ctr run` as a child process with piped stdio, for tests that talk to it.
+    pub fn spawn_run(&self, id: &str, extra: &[&str], cmd: &[&str]) -> std::process::Child {
+        let args = self.run_args(id, extra, cmd);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ctr_cmd(&refs)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning ctr run")
+    }
+
     pub fn run(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
         let args = self.run_args(id, extra, cmd);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -342,6 +354,20 @@ pub fn wait_status(c: &Containerd, id: &str, status: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Starts `cmd` detached (`ctr run -d`) as container `id` and waits until it runs.
+pub fn start_detached(c: &Containerd, id: &str, extra: &[&str], cmd: &[&str]) {
+    let mut flags = vec!["-d"];
+    flags.extend_from_slice(extra);
+    let out = c.run(id, &flags, cmd);
+    assert!(
+        out.status.success(),
+        "ctr run -d {id}: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    wait_status(c, id, "RUNNING");
 }
 
 /// Kills, deletes and removes a detached container, then checks nothing is left.

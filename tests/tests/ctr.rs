@@ -3,8 +3,6 @@
 //! its sandbox is left on the host.
 
 use std::io::Write;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use e2e_tests::*;
 
@@ -75,15 +73,7 @@ fn large_stdout_arrives_intact_and_stderr_is_kept_apart() {
 fn stdin_env_and_cwd_reach_the_container() {
     let c = Containerd::start("stdin");
     // ctr 1.6 never closes the container's stdin, so read one line rather than to EOF.
-    let args = c.run_args("in1", &["--rm"], &["head", "-n", "1"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut child = c
-        .ctr_cmd(&refs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ctr run");
+    let mut child = c.spawn_run("in1", &["--rm"], &["head", "-n", "1"]);
     child
         .stdin
         .take()
@@ -108,27 +98,15 @@ fn stdin_env_and_cwd_reach_the_container() {
 #[test]
 fn exec_into_a_running_container_and_kill_it() {
     let c = Containerd::start("exec");
-    let out = c.run("ex1", &["-d"], &["sleep", "1000"]);
-    assert!(
-        out.status.success(),
-        "ctr run -d failed: {}\n{}",
-        stderr(&out),
-        c.log_tail()
-    );
+    start_detached(&c, "ex1", &[], &["sleep", "1000"]);
 
-    let fifo = c.dir.join("fifo").display().to_string();
-    let out = c.ctr(&[
-        "task",
-        "exec",
-        "--fifo-dir",
-        &fifo,
-        "--exec-id",
-        "e1",
+    let out = exec(
+        &c,
         "ex1",
-        "sh",
-        "-c",
-        "echo from-exec; exit 5",
-    ]);
+        "e1",
+        &[],
+        &["sh", "-c", "echo from-exec; exit 5"],
+    );
     assert_eq!(
         out.status.code(),
         Some(5),
@@ -143,49 +121,16 @@ fn exec_into_a_running_container_and_kill_it() {
 
     let out = c.ctr(&["task", "kill", "-s", "SIGKILL", "ex1"]);
     assert!(out.status.success(), "kill: {}", stderr(&out));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ls = stdout(&c.ctr(&["task", "ls"]));
-        if ls
-            .lines()
-            .any(|l| l.starts_with("ex1 ") && l.contains("STOPPED"))
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "ex1 never stopped: {ls}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = c.ctr(&["task", "rm", "ex1"]);
-    assert!(out.status.success(), "task rm: {}", stderr(&out));
-    let out = c.ctr(&["container", "rm", "ex1"]);
-    assert!(out.status.success(), "container rm: {}", stderr(&out));
+    wait_status(&c, "ex1", "STOPPED");
+    remove_detached(&c, "ex1");
     assert_no_leftovers("ex1");
 }
 
 #[test]
 fn a_signal_ends_the_container_with_its_status() {
     let c = Containerd::start("signal");
-    let args = c.run_args("sig1", &["--rm"], &["sleep", "1000"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let child = c
-        .ctr_cmd(&refs)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ctr run");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !stdout(&c.ctr(&["task", "ls"]))
-        .lines()
-        .any(|l| l.starts_with("sig1 ") && l.contains("RUNNING"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "sig1 never ran\n{}",
-            c.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let child = c.spawn_run("sig1", &["--rm"], &["sleep", "1000"]);
+    wait_status(&c, "sig1", "RUNNING");
     let out = c.ctr(&["task", "kill", "-s", "SIGKILL", "sig1"]);
     assert!(out.status.success(), "kill: {}", stderr(&out));
     let out = child.wait_with_output().expect("ctr output");

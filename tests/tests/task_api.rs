@@ -14,9 +14,7 @@ use e2e_tests::*;
 fn pause_resume_publish_events_and_refuse_exec_while_paused() {
     let c = Containerd::start("pause");
     let events = EventWatch::start(&c);
-    let out = c.run("p1", &["-d"], &["sleep", "1000"]);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
-    wait_status(&c, "p1", "RUNNING");
+    start_detached(&c, "p1", &[], &["sleep", "1000"]);
 
     let out = c.ctr(&["task", "pause", "p1"]);
     assert!(
@@ -60,13 +58,12 @@ fn pause_resume_publish_events_and_refuse_exec_while_paused() {
 #[test]
 fn metrics_and_update_reach_the_guest_cgroup() {
     let c = Containerd::start("metrics");
-    let out = c.run(
+    start_detached(
+        &c,
         "m1",
-        &["-d", "--memory-limit", "67108864"],
+        &["--memory-limit", "67108864"],
         &["sleep", "1000"],
     );
-    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
-    wait_status(&c, "m1", "RUNNING");
 
     let out = c.ctr(&["task", "metrics", "--format", "json", "m1"]);
     assert!(
@@ -158,9 +155,7 @@ fn tty_gives_a_terminal_whose_size_follows_the_host() {
     assert_no_leftovers("t1");
 
     // `ctr task exec -t` into a running container.
-    let out = c.run("t2", &["-d"], &["sleep", "1000"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    wait_status(&c, "t2", "RUNNING");
+    start_detached(&c, "t2", &[], &["sleep", "1000"]);
     let fifo = c.dir.join("fifo").display().to_string();
     let exec = format!(
         "ctr -a {} task exec -t --fifo-dir {fifo} --exec-id tty1 t2 sh -c 'tty; stty size'",
@@ -191,15 +186,7 @@ fn tty_gives_a_terminal_whose_size_follows_the_host() {
 #[test]
 fn close_io_delivers_end_of_input() {
     let c = Containerd::start("closeio");
-    let args = c.run_args("ci1", &["--rm"], &["wc", "-c"]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut child = c
-        .ctr_cmd(&refs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ctr run");
+    let mut child = c.spawn_run("ci1", &["--rm"], &["wc", "-c"]);
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(&[b'z'; 12345]).expect("writing stdin");
     stdin.flush().expect("flush");
@@ -224,23 +211,15 @@ fn close_io_delivers_end_of_input() {
 #[test]
 fn pod_containers_share_the_sandbox_vm() {
     let c = Containerd::start("pod");
-    let sb = [
-        "-d",
-        "--annotation",
-        "io.kubernetes.cri.container-type=sandbox",
-    ];
-    let out = c.run("pod1", &sb, &["sleep", "1000"]);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
+    let sb = ["--annotation", "io.kubernetes.cri.container-type=sandbox"];
+    start_detached(&c, "pod1", &sb, &["sleep", "1000"]);
     let member = [
-        "-d",
         "--annotation",
         "io.kubernetes.cri.container-type=container",
         "--annotation",
         "io.kubernetes.cri.sandbox-id=pod1",
     ];
-    let out = c.run("pod1-app", &member, &["sleep", "1000"]);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
-    wait_status(&c, "pod1-app", "RUNNING");
+    start_detached(&c, "pod1-app", &member, &["sleep", "1000"]);
 
     // One VM: both tasks report the same VMM pid, and one shim serves both.
     let ls = stdout(&c.ctr(&["task", "ls"]));
@@ -274,9 +253,7 @@ fn pod_containers_share_the_sandbox_vm() {
 #[test]
 fn concurrent_execs_keep_their_own_output_and_status() {
     let c = Containerd::start("execs");
-    let out = c.run("x1", &["-d"], &["sleep", "1000"]);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
-    wait_status(&c, "x1", "RUNNING");
+    start_detached(&c, "x1", &[], &["sleep", "1000"]);
     let handles: Vec<_> = (0..4)
         .map(|i| {
             let args: Vec<String> = ["task", "exec", "--fifo-dir"]
