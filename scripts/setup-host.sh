@@ -68,8 +68,8 @@ install_crate() { # name version binary
     cargo install --locked --quiet --root "$CARGO_TOOLS_ROOT" "$name@$version"
 }
 install_crate virtiofsd "${VIRTIOFSD_VERSION:-1.14.0}" virtiofsd
-install_crate vhost-device-vsock "${VHOST_VSOCK_VERSION:-0.3.0}" vhost-device-vsock
-for b in virtiofsd vhost-device-vsock; do
+# The vsock backend is ours (kata-vsock, built by `make`), not a crates.io daemon.
+for b in virtiofsd; do
     ln -sf "$CARGO_TOOLS_ROOT/bin/$b" "/usr/local/bin/$b"
 done
 log "host set-up complete"

@@ -6,7 +6,7 @@
 //! processes to clean up after a crash (see [`kill_and_reap`]).
 //!
 //! Backends: [`qemu`] spawns `qemu-system-x86_64 -M microvm` with `virtiofsd` and
-//! `vhost-device-vsock` as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
+//! the vsock backend (`kata-vsock`) as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
 //! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`).
 //! [`accel`] decides between KVM and TCG. [`process`] spawns, watches and reaps helper
 //! processes by pid, without relying on `Child::wait` (the shim runs a global SIGCHLD

@@ -1,6 +1,6 @@
 //! Boots the real guest kernel under QEMU with trivial initrds (a static C `/init`).
 //!
-//! Needs root, qemu-system-x86_64, virtiofsd, vhost-device-vsock, gcc with a static libc,
+//! Needs root, qemu-system-x86_64, virtiofsd, kata-vsock, gcc with a static libc,
 //! and a guest kernel: `$KATA_TEST_KERNEL`, else the newest
 //! `/var/cache/kata-guest/kernel-*/vmlinux` (built by `guest/build-kernel.sh`). Skips with
 //! a message when QEMU or the kernel is missing. Every test kills whatever mentions its

@@ -1,6 +1,6 @@
 //! The QEMU backend: `qemu-system-x86_64 -M microvm` with vhost-user helpers.
 //!
-//! Start order: virtiofsd (virtio-fs, tag `kataShared`), then vhost-device-vsock (vsock
+//! Start order: virtiofsd (virtio-fs, tag `kataShared`), then the vsock backend (vsock
 //! with a hybrid vsock unix socket for the agent), each waited for until its socket
 //! appears, then QEMU, waited for until its QMP greeting (machine set up, guest running).
 //! If a step fails, everything already started is killed and reaped, and the error names

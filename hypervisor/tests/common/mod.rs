@@ -12,16 +12,23 @@ use hypervisor::VmConfig;
 
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 pub const VIRTIOFSD: &str = "/usr/local/bin/virtiofsd";
-pub const VSOCK: &str = "/usr/local/bin/vhost-device-vsock";
+
+/// Our vsock backend: from the build (`make test` sets KATA_TEST_SHIM_DIR), else installed.
+pub fn vsock_backend() -> PathBuf {
+    std::env::var_os("KATA_TEST_SHIM_DIR")
+        .map(|d| PathBuf::from(d).join("kata-vsock"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/kata-vsock"))
+}
 
 /// Guests and helper daemons are heavy on 2 shared cores; one test at a time.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Whether the helper daemons are installed (prints why not).
 pub fn helpers_installed() -> bool {
-    for bin in [VIRTIOFSD, VSOCK] {
-        if !Path::new(bin).exists() {
-            eprintln!("SKIP: {bin} is not installed");
+    for bin in [PathBuf::from(VIRTIOFSD), vsock_backend()] {
+        if !bin.exists() {
+            eprintln!("SKIP: {} is not installed", bin.display());
             return false;
         }
     }
@@ -40,7 +47,7 @@ impl Default for Binaries {
         Self {
             qemu: QEMU.into(),
             virtiofsd: VIRTIOFSD.into(),
-            vsock: VSOCK.into(),
+            vsock: vsock_backend(),
         }
     }
 }
