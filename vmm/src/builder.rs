@@ -117,6 +117,14 @@ pub enum BuildError {
         /// What went wrong.
         reason: String,
     },
+    /// A virtio device could not be set up.
+    #[error("Cannot set up the {what}: {reason}")]
+    Device {
+        /// Which device ("virtio-blk disk /img", ...).
+        what: String,
+        /// What went wrong, and what to do.
+        reason: String,
+    },
     /// An OS call failed.
     #[error("Cannot {what}: {source}")]
     Os {
@@ -308,6 +316,13 @@ impl Vmm {
             })?;
             virtio.push(Box::new(device));
         }
+
+        // virtio-fs: one vhost-user frontend per share (config.fs).
+
+        // virtio-blk: one device per disk (config.block).
+
+        // virtio-net: one device per tap (config.net).
+
         let mut cmdline =
             Cmdline::new(CMDLINE_MAX_SIZE).map_err(|e| BuildError::Cmdline(e.to_string()))?;
         if !config.cmdline.trim().is_empty() {

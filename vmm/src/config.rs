@@ -39,6 +39,48 @@ pub struct VsockConfig {
     pub uds_path: PathBuf,
 }
 
+/// A virtio-blk disk backed by a host file (or block device).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BlockConfig {
+    /// The backing file.
+    pub path: PathBuf,
+    /// Refuse guest writes (the device offers VIRTIO_BLK_F_RO).
+    #[serde(default)]
+    pub read_only: bool,
+    /// The serial the guest reads with VIRTIO_BLK_T_GET_ID (at most 20 bytes); default: none.
+    #[serde(default)]
+    pub serial: Option<String>,
+}
+
+/// A virtio-net interface on an existing host tap device.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    /// The tap interface name (at most 15 bytes), created beforehand or by us if missing.
+    pub tap: String,
+    /// The guest MAC address, `aa:bb:cc:dd:ee:ff`; default: one derived from the tap name.
+    #[serde(default)]
+    pub mac: Option<String>,
+}
+
+/// A virtio-fs share served by a vhost-user daemon (virtiofsd).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FsConfig {
+    /// virtiofsd's vhost-user socket (`--socket-path`).
+    pub socket: PathBuf,
+    /// The mount tag the guest uses (`mount -t virtiofs <tag> <dir>`), at most 36 bytes.
+    pub tag: String,
+    /// Size of each virtqueue.
+    #[serde(default = "default_fs_queue_size")]
+    pub queue_size: u16,
+}
+
+fn default_fs_queue_size() -> u16 {
+    1024
+}
+
 /// The VM to boot.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct VmConfig {
@@ -62,6 +104,15 @@ pub struct VmConfig {
     /// The hybrid vsock device.
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
+    /// virtio-fs shares, after rng and vsock in device order.
+    #[serde(default)]
+    pub fs: Vec<FsConfig>,
+    /// virtio-blk disks, after the shares.
+    #[serde(default)]
+    pub block: Vec<BlockConfig>,
+    /// virtio-net interfaces, after the disks.
+    #[serde(default)]
+    pub net: Vec<NetConfig>,
     /// Whether to add a virtio-rng device.
     #[serde(default = "default_true")]
     pub rng: bool,
@@ -123,8 +174,63 @@ impl VmConfig {
                 )));
             }
         }
+        for fs in &self.fs {
+            if fs.tag.is_empty() || fs.tag.len() > 36 {
+                return Err(ConfigError::Invalid(format!(
+                    "fs tag \"{}\" must be 1 to 36 bytes long",
+                    fs.tag
+                )));
+            }
+            if !fs.queue_size.is_power_of_two() || fs.queue_size > 32768 {
+                return Err(ConfigError::Invalid(format!(
+                    "fs queue_size is {}, expected a power of two up to 32768",
+                    fs.queue_size
+                )));
+            }
+        }
+        for block in &self.block {
+            if block.serial.as_ref().is_some_and(|s| s.len() > 20) {
+                return Err(ConfigError::Invalid(format!(
+                    "block serial of {} is longer than 20 bytes",
+                    block.path.display()
+                )));
+            }
+        }
+        for net in &self.net {
+            if net.tap.is_empty() || net.tap.len() > 15 {
+                return Err(ConfigError::Invalid(format!(
+                    "net tap name \"{}\" must be 1 to 15 bytes long",
+                    net.tap
+                )));
+            }
+            if let Some(mac) = &net.mac {
+                parse_mac(mac)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(text: &str) -> Result<[u8; 6], ConfigError> {
+    let bad = || {
+        ConfigError::Invalid(format!(
+            "MAC address \"{text}\" is not six hex bytes like 02:00:00:00:00:01"
+        ))
+    };
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().ok_or_else(bad)?;
+        if part.len() != 2 {
+            return Err(bad());
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(mac)
 }
 
 #[cfg(test)]
@@ -164,5 +270,41 @@ mod tests {
             ..c
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn devices_parse_and_validate() {
+        let c: VmConfig = serde_json::from_str(
+            r#"{"kernel": "/k",
+                "fs": [{"socket": "/run/fs.sock", "tag": "kataShared"}],
+                "block": [{"path": "/img", "read_only": true, "serial": "disk0"}],
+                "net": [{"tap": "tap0", "mac": "02:00:00:00:00:01"}]}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.fs[0].queue_size, 1024);
+        assert!(c.block[0].read_only);
+        assert_eq!(parse_mac("02:00:00:00:00:01").unwrap(), [2, 0, 0, 0, 0, 1]);
+        for bad in [
+            "02:00:00:00:00",
+            "02:00:00:00:00:01:03",
+            "zz:00:00:00:00:01",
+            "2:0:0:0:0:1",
+        ] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+        let mut bad = c.clone();
+        bad.net[0].tap = "a-very-long-tap-name".into();
+        assert!(bad.validate().unwrap_err().to_string().contains("tap"));
+        let mut bad = c.clone();
+        bad.fs[0].tag = "x".repeat(37);
+        assert!(bad.validate().unwrap_err().to_string().contains("tag"));
+        let mut bad = c;
+        bad.block[0].serial = Some("s".repeat(21));
+        assert!(bad.validate().unwrap_err().to_string().contains("serial"));
+        assert!(serde_json::from_str::<VmConfig>(
+            r#"{"kernel": "/k", "net": [{"tap": "t", "macc": "x"}]}"#
+        )
+        .is_err());
     }
 }
