@@ -26,6 +26,7 @@ use crate::arch::x86_64::{
 };
 use crate::config::VmConfig;
 use crate::devices::bus::{Bus, BusError};
+use crate::devices::fs::FsDevice;
 use crate::devices::i8042::I8042Device;
 use crate::devices::mmio::{MmioError, MmioTransport, VirtioDevice, QUEUE_NOTIFY_OFFSET};
 use crate::devices::notifier::{NotifierError, QueueNotifier};
@@ -318,6 +319,13 @@ impl Vmm {
         }
 
         // virtio-fs: one vhost-user frontend per share (config.fs).
+        for fs in &config.fs {
+            let device = FsDevice::new(fs).map_err(|e| BuildError::Device {
+                what: format!("virtio-fs share \"{}\"", fs.tag),
+                reason: e.to_string(),
+            })?;
+            virtio.push(Box::new(device));
+        }
 
         // virtio-blk: one device per disk (config.block).
 

@@ -72,7 +72,9 @@ pub fn allowed_syscalls(kind: ThreadKind) -> Vec<libc::c_long> {
     let mut calls = COMMON.to_vec();
     match kind {
         // KVM_RUN, KVM_GET_REGS, KVM_GET_MP_STATE; irqfd and ioeventfd writes are `write`.
-        ThreadKind::Vcpu => calls.push(libc::SYS_ioctl),
+        // A driver's DRIVER_OK or reset of virtio-fs talks vhost-user to virtiofsd, passing
+        // memory and eventfds (sendmsg/recvmsg with SCM_RIGHTS).
+        ThreadKind::Vcpu => calls.extend([libc::SYS_ioctl, libc::SYS_sendmsg, libc::SYS_recvmsg]),
         // The vsock muxer: accepting and connecting unix sockets, its epoll set, and
         // `set_nonblocking` (an ioctl).
         ThreadKind::Device => calls.extend([

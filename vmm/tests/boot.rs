@@ -372,3 +372,101 @@ fn bad_config_fails_with_a_sentence() {
         assert!(stderr.contains("/nonexistent/vmlinux"), "{stderr}");
     }
 }
+
+/// virtiofsd sharing a temp dir, killed by pid when dropped.
+struct Virtiofsd {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Virtiofsd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of our own unreaped child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_virtiofsd(dir: &Path, shared: &Path) -> Virtiofsd {
+    let binary = std::env::var_os("KATA_VIRTIOFSD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd"));
+    assert!(
+        binary.exists(),
+        "{} is missing: run `make setup` (or set KATA_VIRTIOFSD)",
+        binary.display()
+    );
+    let socket = dir.join("virtiofsd.sock");
+    let child = Command::new(binary)
+        .arg("--socket-path")
+        .arg(&socket)
+        .arg("--shared-dir")
+        .arg(shared)
+        .args(["--sandbox", "none", "--log-level", "error"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(start.elapsed() < DEADLINE, "virtiofsd made no socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Virtiofsd { child, socket }
+}
+
+#[test]
+fn virtio_fs_guest_reads_a_file_through_virtiofsd() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(shared.join("hello.txt"), "shared from the host\n").unwrap();
+    let daemon = start_virtiofsd(dir.path(), &shared);
+    let kernel = build_guest(dir.path(), "fs", &virtio_fs_guest());
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({
+            "rng": false,
+            "fs": [{ "socket": daemon.socket, "tag": "kataShared" }],
+        }),
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("virtio_mmio.device=4K@0xd0000000:5"),
+        "stderr: {stderr}"
+    );
+    assert_eq!(
+        serial,
+        "status=0000000f init=00000000 major=00000007 lookup=00000000 open=00000000 \
+         read=00000000\ndata: shared from the host\n",
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn virtio_fs_without_virtiofsd_fails_before_booting() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "reset", &reset_guest());
+    let socket = dir.path().join("no-virtiofsd.sock");
+    let (mut vmm, _) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "fs": [{ "socket": socket, "tag": "kataShared" }] }),
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("virtio-fs share") && stderr.contains(&socket.display().to_string()),
+        "stderr: {stderr}"
+    );
+}

@@ -467,3 +467,187 @@ msg_hello_end:
 "#
     )
 }
+
+/// PVH guest that drives virtio-fs (first device) by hand through virtiofsd: sets up the
+/// high-priority and request queues, then FUSE_INIT, LOOKUP of `hello.txt` in the root,
+/// OPEN and READ, printing each reply's error and finally the file's contents, then resets.
+pub fn virtio_fs_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    movl $1, 0xd0000070
+    movl $3, 0xd0000070
+    movl $1, 0xd0000024
+    movl $1, 0xd0000020
+    movl $0, 0xd0000024
+    movl $0, 0xd0000020
+    movl $11, 0xd0000070
+    # hiprio: queue 0
+    movl $0, 0xd0000030
+    movl $8, 0xd0000038
+    movl $0x200000, 0xd0000080
+    movl $0x201000, 0xd0000090
+    movl $0x202000, 0xd00000a0
+    movl $1, 0xd0000044
+    # requests: queue 1
+    movl $1, 0xd0000030
+    movl $8, 0xd0000038
+    movl $0x204000, 0xd0000080
+    movl $0x205000, 0xd0000090
+    movl $0x206000, 0xd00000a0
+    movl $1, 0xd0000044
+    movl $15, 0xd0000070
+    lea msg_status, %ebx
+    call puts
+    mov 0xd0000070, %eax
+    call hex32
+
+    # FUSE_INIT 7.31
+    mov $56, %eax
+    mov $26, %ecx
+    xor %edx, %edx
+    call fuse_hdr
+    movl $7, 0x210028
+    movl $31, 0x21002c
+    movl $0x20000, 0x210030
+    movl $0, 0x210034
+    call fuse_call
+    lea msg_init, %ebx
+    call print_error
+    lea msg_major, %ebx
+    call puts
+    mov 0x220010, %eax
+    call hex32
+
+    # FUSE_LOOKUP "hello.txt" in the root (node 1)
+    mov $50, %eax
+    mov $1, %ecx
+    mov $1, %edx
+    call fuse_hdr
+    lea name, %esi
+    mov $0x210028, %edi
+    mov $10, %ecx
+    rep movsb
+    call fuse_call
+    lea msg_lookup, %ebx
+    call print_error
+    mov 0x220010, %eax
+    mov %eax, node
+
+    # FUSE_OPEN read-only
+    mov $48, %eax
+    mov $14, %ecx
+    mov node, %edx
+    call fuse_hdr
+    movl $0, 0x210028
+    movl $0, 0x21002c
+    call fuse_call
+    lea msg_open, %ebx
+    call print_error
+    mov 0x220010, %eax
+    mov %eax, fh
+    mov 0x220014, %eax
+    mov %eax, fh + 4
+
+    # FUSE_READ 256 bytes at offset 0
+    mov $80, %eax
+    mov $15, %ecx
+    mov node, %edx
+    call fuse_hdr
+    mov $0x210028, %edi
+    xor %eax, %eax
+    mov $10, %ecx
+    rep stosl
+    mov fh, %eax
+    mov %eax, 0x210028
+    mov fh + 4, %eax
+    mov %eax, 0x21002c
+    movl $256, 0x210038
+    call fuse_call
+    lea msg_read, %ebx
+    call print_error
+    lea msg_data, %ebx
+    call puts
+    mov 0x220000, %ecx
+    sub $16, %ecx
+    mov $0x220010, %ebx
+    mov $0x3f8, %dx
+1:  test %ecx, %ecx
+    jz 2f
+    movb (%ebx), %al
+    out %al, %dx
+    inc %ebx
+    dec %ecx
+    jmp 1b
+2:  jmp reset
+
+# Writes a FUSE in-header at 0x210000: length %eax, opcode %ecx, node %edx.
+fuse_hdr:
+    mov %eax, 0x210000
+    mov %ecx, 0x210004
+    incl unique
+    mov unique, %eax
+    mov %eax, 0x210008
+    movl $0, 0x21000c
+    mov %edx, 0x210010
+    movl $0, 0x210014
+    movl $0, 0x210018
+    movl $0, 0x21001c
+    movl $0, 0x210020
+    movl $0, 0x210024
+    ret
+
+# Queues the request at 0x210000 (its length in its header) with a 4 KiB reply buffer at
+# 0x220000 as descriptors 0 -> 1, kicks queue 1 and waits until it is used.
+fuse_call:
+    movl $0x210000, 0x204000
+    movl $0, 0x204004
+    mov 0x210000, %eax
+    mov %eax, 0x204008
+    movw $1, 0x20400c
+    movw $1, 0x20400e
+    movl $0x220000, 0x204010
+    movl $0, 0x204014
+    movl $4096, 0x204018
+    movw $2, 0x20401c
+    movw $0, 0x20401e
+    movzwl avail_idx, %eax
+    mov %eax, %ecx
+    and $7, %ecx
+    movw $0, 0x205004(,%ecx,2)
+    inc %eax
+    mov %ax, avail_idx
+    mov %ax, 0x205002
+    movl $1, 0xd0000050
+3:  cmpw %ax, 0x206002
+    jne 3b
+    ret
+
+# Prints the label at %ebx and the error of the reply at 0x220000.
+print_error:
+    call puts
+    mov 0x220004, %eax
+    call hex32
+    ret
+{SERIAL_HELPERS}
+    .align 4
+unique: .long 0
+node: .long 0
+fh: .long 0, 0
+avail_idx: .word 0
+name: .asciz "hello.txt"
+msg_status: .asciz "status="
+msg_init: .asciz " init="
+msg_major: .asciz " major="
+msg_lookup: .asciz " lookup="
+msg_open: .asciz " open="
+msg_read: .asciz " read="
+msg_data: .asciz "\ndata: "
+{PVH_NOTE}
+"#
+    )
+}

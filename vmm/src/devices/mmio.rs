@@ -32,10 +32,24 @@ pub const STATUS_DRIVER: u32 = 2;
 pub const STATUS_DRIVER_OK: u32 = 4;
 /// Device status bit.
 pub const STATUS_FEATURES_OK: u32 = 8;
+/// Device status bit: the device hit an error it cannot recover from without a reset.
+pub const STATUS_DEVICE_NEEDS_RESET: u32 = 0x40;
 /// Device status bit.
 pub const STATUS_FAILED: u32 = 0x80;
 const INTERRUPT_USED_RING: u32 = 1;
 const CONFIG_SPACE_OFFSET: u64 = 0x100;
+
+/// What a device gets when the driver sets DRIVER_OK.
+pub struct Activation<'a> {
+    /// Guest memory.
+    pub mem: &'a GuestMemoryMmap,
+    /// The queues as the driver configured them (check `ready()`).
+    pub queues: &'a [Queue],
+    /// The per-queue notification eventfds (registered with KVM as ioeventfds).
+    pub queue_evts: &'a [EventFd],
+    /// The features the driver accepted.
+    pub driver_features: u64,
+}
 
 /// A virtio device behind the transport.
 pub trait VirtioDevice: Send {
@@ -65,6 +79,17 @@ pub trait VirtioDevice: Send {
     /// The host event fd is readable; true if buffers were used.
     fn process_host_event(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> bool {
         let _ = (queues, mem);
+        false
+    }
+    /// The driver set DRIVER_OK. A device served elsewhere (a vhost-user backend) hands the
+    /// queues over here; an error fails the device (DEVICE_NEEDS_RESET).
+    fn activate(&mut self, activation: Activation<'_>) -> Result<(), String> {
+        let _ = activation;
+        Ok(())
+    }
+    /// True if another process consumes the queue notifications (the eventfds handed over
+    /// in [`activate`](Self::activate)): the device thread then leaves them alone.
+    fn queues_served_elsewhere(&self) -> bool {
         false
     }
     /// The driver reset the device (status 0).
@@ -157,13 +182,22 @@ impl MmioTransport {
     }
 
     fn is_activated(&self) -> bool {
-        self.status & (STATUS_DRIVER_OK | STATUS_FAILED) == STATUS_DRIVER_OK
+        self.status & (STATUS_DRIVER_OK | STATUS_FAILED | STATUS_DEVICE_NEEDS_RESET)
+            == STATUS_DRIVER_OK
     }
 
     /// Handles a notification for queue `index`: processes it and raises the interrupt if
     /// buffers were used.
     pub fn notify(&mut self, index: usize) {
         if !self.is_activated() {
+            return;
+        }
+        if self.device.queues_served_elsewhere() {
+            // Only reached when KVM did not take the write itself (tests, or a value no
+            // ioeventfd matches): pass the kick on to whoever serves the queue.
+            if let Some(evt) = self.queue_evts.get(index) {
+                let _ = evt.write(1);
+            }
             return;
         }
         if !self.queues.get(index).is_some_and(|q| q.ready()) {
@@ -185,6 +219,11 @@ impl MmioTransport {
         if self.device.process_host_event(&mut self.queues, &self.mem) {
             self.signal_used();
         }
+    }
+
+    /// True if another process consumes this device's queue notifications.
+    pub fn queues_served_elsewhere(&self) -> bool {
+        self.device.queues_served_elsewhere()
     }
 
     /// The device's host event fd, if it has one.
@@ -239,6 +278,23 @@ impl MmioTransport {
                 .all(|q| !q.ready() || q.is_valid(&self.mem));
             if self.status & STATUS_FEATURES_OK == 0 || !valid {
                 self.status = value | STATUS_FAILED;
+                return;
+            }
+            let activation = Activation {
+                mem: &self.mem,
+                queues: &self.queues,
+                queue_evts: &self.queue_evts,
+                driver_features: self.driver_features,
+            };
+            if let Err(e) = self.device.activate(activation) {
+                crate::logger::log(
+                    "error",
+                    &format!(
+                        "cannot activate virtio device type {}: {e}",
+                        self.device.device_type()
+                    ),
+                );
+                self.status = value | STATUS_DEVICE_NEEDS_RESET;
                 return;
             }
         }

@@ -2,6 +2,7 @@
 //! virtio-mmio transport with its queue-notification worker, and virtio devices.
 
 pub mod bus;
+pub mod fs;
 pub mod i8042;
 pub mod mmio;
 pub mod notifier;

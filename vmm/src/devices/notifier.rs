@@ -47,6 +47,8 @@ impl QueueNotifier {
     /// Watches every queue eventfd of `transport`, and its device's host event fd.
     pub fn add(&mut self, transport: &Arc<Mutex<MmioTransport>>) -> Result<(), NotifierError> {
         let (evts, host_fd): (Vec<EventFd>, _) = match transport.lock() {
+            // A vhost-user backend reads these itself.
+            Ok(t) if t.queues_served_elsewhere() => (Vec::new(), t.host_event_fd()),
             Ok(t) => (
                 t.queue_evts()
                     .iter()
