@@ -31,6 +31,8 @@ pub(crate) struct BuiltinSection {
     pub kernel_params: String,
     pub default_vcpus: u32,
     pub default_memory: u32,
+    pub virtio_fs_daemon: String,
+    pub virtio_fs_cache: String,
 }
 
 impl Default for BuiltinSection {
@@ -42,6 +44,8 @@ impl Default for BuiltinSection {
             kernel_params: String::new(),
             default_vcpus: 1,
             default_memory: 512,
+            virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
+            virtio_fs_cache: "auto".into(),
         }
     }
 }

@@ -54,6 +54,10 @@ pub struct BuiltinConfig {
     pub default_vcpus: u32,
     /// Memory per VM in MiB, at least [`MIN_MEMORY_MIB`].
     pub default_memory: u32,
+    /// The virtiofsd binary (kata-vmm's virtio-fs is a vhost-user frontend to it).
+    pub virtio_fs_daemon: PathBuf,
+    /// virtiofsd's `--cache` policy.
+    pub virtio_fs_cache: VirtioFsCache,
 }
 
 /// `[hypervisor.qemu]`.
@@ -246,6 +250,16 @@ impl BuiltinConfig {
             kernel_params: s.kernel_params,
             default_vcpus: s.default_vcpus,
             default_memory: s.default_memory,
+            virtio_fs_daemon: absolute(
+                origin,
+                "hypervisor.builtin.virtio_fs_daemon",
+                s.virtio_fs_daemon,
+            )?,
+            virtio_fs_cache: VirtioFsCache::parse(
+                origin,
+                "hypervisor.builtin.virtio_fs_cache",
+                &s.virtio_fs_cache,
+            )?,
         })
     }
 }

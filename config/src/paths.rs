@@ -42,6 +42,11 @@ impl Config {
                 ("hypervisor.builtin.path", &b.path, Kind::Executable),
                 ("hypervisor.builtin.kernel", &b.kernel, Kind::File),
                 ("hypervisor.builtin.initrd", &b.initrd, Kind::File),
+                (
+                    "hypervisor.builtin.virtio_fs_daemon",
+                    &b.virtio_fs_daemon,
+                    Kind::Executable,
+                ),
             ],
         };
         for (key, path, kind) in checks {

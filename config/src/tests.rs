@@ -212,6 +212,16 @@ fn builtin_hypervisor_is_selected_by_name() {
     );
     assert!(err("[runtime]\nhypervisor_name = \"clh\"\n").contains("expected one of qemu, builtin"));
     assert!(err("[hypervisor.builtin]\ndefault_vcpus = 33\n").contains("from 1 to 32"));
+    assert_eq!(
+        c.hypervisor.builtin.virtio_fs_daemon,
+        std::path::PathBuf::from("/usr/local/bin/virtiofsd")
+    );
+    let c = parse("[hypervisor.builtin]\nvirtio_fs_cache = \"never\"\n").unwrap();
+    assert_eq!(c.hypervisor.builtin.virtio_fs_cache, VirtioFsCache::Never);
+    assert!(
+        err("[hypervisor.builtin]\nvirtio_fs_cache = \"sometimes\"\n")
+            .contains("hypervisor.builtin.virtio_fs_cache")
+    );
 }
 
 #[test]

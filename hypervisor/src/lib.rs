@@ -20,6 +20,7 @@ pub mod builtin;
 mod error;
 pub mod process;
 pub mod qemu;
+mod virtiofsd;
 mod vm;
 
 pub use error::Error;

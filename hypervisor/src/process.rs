@@ -193,6 +193,65 @@ pub fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
 }
 
+/// How long a helper daemon may take to create its socket.
+pub(crate) const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why waiting for a process to be ready failed.
+pub(crate) enum Wait {
+    /// It exited first.
+    Died(Error),
+    /// It is still running but not ready.
+    Timeout(Error),
+}
+
+impl Wait {
+    pub fn into_error(self) -> Error {
+        match self {
+            Self::Died(e) | Self::Timeout(e) => e,
+        }
+    }
+}
+
+impl From<Wait> for Error {
+    fn from(w: Wait) -> Self {
+        w.into_error()
+    }
+}
+
+/// Waits until every socket exists, the process dies, or the deadline passes.
+pub(crate) async fn wait_for_sockets(
+    d: &Daemon<'_>,
+    pid: i32,
+    sockets: &[&Path],
+) -> Result<(), Wait> {
+    let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
+    let names = || {
+        sockets
+            .iter()
+            .map(|s| s.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    };
+    loop {
+        if sockets.iter().all(|s| s.exists()) {
+            return Ok(());
+        }
+        if let Some(how) = exit_description(pid) {
+            return Err(Wait::Died(
+                d.failed(format!("it {how} before creating {}", names())),
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(Wait::Timeout(d.failed(format!(
+                "{} did not appear within {} s",
+                names(),
+                DAEMON_READY_TIMEOUT.as_secs()
+            ))));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

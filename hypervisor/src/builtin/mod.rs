@@ -1,13 +1,14 @@
 //! The builtin backend: spawns `kata-vmm --config <run_dir>/vmm.json` (the `vmm` crate's
 //! KVM VMM) and waits until it is running the guest.
 //!
-//! kata-vmm serves the agent's hybrid vsock socket itself, so there is no helper daemon.
-//! Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run; the
-//! agent socket exists from before that. Stop is kill + reap by pid, as for QEMU.
+//! kata-vmm serves the agent's hybrid vsock socket itself; the one helper is virtiofsd,
+//! started first, whose socket kata-vmm's virtio-fs frontend connects to while it builds
+//! the VM. Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run;
+//! the agent socket exists from before that. Stop is kill + reap by pid, as for QEMU; a
+//! failed start stops whatever it had started.
 //!
-//! Not yet: virtio-fs (kata-vmm has no vhost-user-fs frontend), so the shared directory
-//! does not reach the guest; a warning says so. kata-vmm needs a KVM that runs guests at
-//! full speed (`kata-vmm check`); on an emulated KVM it starts, but Linux does not boot.
+//! kata-vmm needs a KVM that runs guests at full speed (`kata-vmm check`); on an emulated
+//! KVM it starts, but Linux does not boot.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -17,7 +18,8 @@ use kata_config::BuiltinConfig;
 use slog::{info, o, warn, Logger};
 
 use crate::process::{exit_description, kill_and_reap_async, Daemon, POLL};
-use crate::{Error, Hypervisor, VmConfig, VmInfo};
+use crate::virtiofsd::{log_command, Virtiofsd};
+use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
 
 /// The kernel command line before the user's `kernel_params`: a reset (through the i8042,
 /// `reboot=k`) or a panic ends kata-vmm; there is no PCI bus and only a minimal i8042.
@@ -43,6 +45,10 @@ pub struct BuiltinLayout {
     pub console_log: PathBuf,
     /// kata-vmm's own stdout and stderr (JSON lines).
     pub vmm_log: PathBuf,
+    /// vhost-user socket of virtiofsd (virtiofsd listens, kata-vmm connects).
+    pub virtiofsd_socket: PathBuf,
+    /// virtiofsd's stdout and stderr.
+    pub virtiofsd_log: PathBuf,
 }
 
 impl BuiltinLayout {
@@ -53,12 +59,22 @@ impl BuiltinLayout {
             agent_socket: run_dir.join("kata.hvsock"),
             console_log: run_dir.join("console.log"),
             vmm_log: run_dir.join("kata-vmm.log"),
+            virtiofsd_socket: run_dir.join("virtiofsd.sock"),
+            virtiofsd_log: run_dir.join("virtiofsd.log"),
         }
     }
 
-    /// Files a previous run may have left behind that a new run must not find.
-    fn stale_files(&self) -> [&Path; 2] {
-        [&self.ready_file, &self.agent_socket]
+    /// Files a previous run may have left behind that a new run must not find
+    /// (virtiofsd's pid file sits next to its socket).
+    fn stale_files(&self) -> Vec<PathBuf> {
+        let mut pid_file = self.virtiofsd_socket.clone().into_os_string();
+        pid_file.push(".pid");
+        vec![
+            self.ready_file.clone(),
+            self.agent_socket.clone(),
+            self.virtiofsd_socket.clone(),
+            pid_file.into(),
+        ]
     }
 }
 
@@ -86,6 +102,7 @@ pub fn vmm_config(config: &BuiltinConfig, layout: &BuiltinLayout, debug: bool) -
         "memory_mib": config.default_memory,
         "serial_log": layout.console_log,
         "vsock": { "guest_cid": GUEST_CID, "uds_path": layout.agent_socket },
+        "fs": [{ "socket": layout.virtiofsd_socket, "tag": SHARED_FS_TAG }],
         "rng": true,
         "seccomp": true,
         "ready_file": layout.ready_file,
@@ -102,6 +119,7 @@ pub struct Builtin {
 
 struct Running {
     vmm_pid: i32,
+    virtiofsd_pids: Vec<i32>,
     layout: BuiltinLayout,
 }
 
@@ -130,14 +148,50 @@ impl Builtin {
     }
 }
 
+impl Builtin {
+    /// Starts virtiofsd, then kata-vmm, pushing each pid to `started` as soon as it exists.
+    async fn launch(
+        &self,
+        cfg: &VmConfig,
+        layout: &BuiltinLayout,
+        started: &mut Vec<i32>,
+    ) -> Result<i32, Error> {
+        Virtiofsd {
+            program: &self.config.virtio_fs_daemon,
+            cache: self.config.virtio_fs_cache,
+            socket: &layout.virtiofsd_socket,
+            shared_dir: &cfg.shared_dir,
+            log: layout.virtiofsd_log.clone(),
+            debug: cfg.debug,
+        }
+        .start(&self.logger, started)
+        .await?;
+        std::fs::write(&layout.config, vmm_config(&self.config, layout, cfg.debug)).map_err(
+            |source| Error::RunDir {
+                path: layout.config.clone(),
+                source,
+            },
+        )?;
+        let daemon = Daemon {
+            step: "kata-vmm",
+            program: &self.config.path,
+            args: vec!["--config".into(), layout.config.display().to_string()],
+            env: Vec::new(),
+            log: layout.vmm_log.clone(),
+        };
+        log_command(&self.logger, &daemon);
+        let pid = daemon.spawn()?;
+        started.push(pid);
+        wait_ready(&daemon, pid, layout).await?;
+        Ok(pid)
+    }
+}
+
 fn remove_stale(layout: &BuiltinLayout) -> Result<(), Error> {
     for path in layout.stale_files() {
-        match std::fs::remove_file(path) {
+        match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::RunDir {
-                    path: path.to_path_buf(),
-                    source: e,
-                });
+                return Err(Error::RunDir { path, source: e });
             }
             _ => {}
         }
@@ -176,56 +230,52 @@ impl Hypervisor for Builtin {
         let started_at = Instant::now();
         let layout = BuiltinLayout::new(&cfg.run_dir);
         remove_stale(&layout)?;
-        warn!(self.logger, "the builtin VMM has no virtio-fs yet: the shared directory does not reach the guest";
-            "shared_dir" => cfg.shared_dir.display().to_string());
-        std::fs::write(&layout.config, vmm_config(&self.config, &layout, cfg.debug)).map_err(
-            |source| Error::RunDir {
-                path: layout.config.clone(),
-                source,
-            },
-        )?;
-        let daemon = Daemon {
-            step: "kata-vmm",
-            program: &self.config.path,
-            args: vec!["--config".into(), layout.config.display().to_string()],
-            env: Vec::new(),
-            log: layout.vmm_log.clone(),
-        };
-        info!(self.logger, "starting kata-vmm";
-            "command" => format!("{} --config {}", self.config.path.display(), layout.config.display()),
-            "log" => layout.vmm_log.display().to_string());
-        let pid = daemon.spawn()?;
-        if let Err(e) = wait_ready(&daemon, pid, &layout).await {
-            warn!(self.logger, "VM start failed; stopping kata-vmm"; "error" => e.to_string(), "pid" => pid);
-            let survivors = kill_and_reap_async(vec![pid], STOP_GRACE).await;
-            if !survivors.is_empty() {
-                warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+        let mut started = Vec::new();
+        match self.launch(cfg, &layout, &mut started).await {
+            Ok(pid) => {
+                // A virtiofsd that died before the fallback is already gone.
+                let virtiofsd_pids: Vec<i32> = started
+                    .into_iter()
+                    .filter(|&p| p != pid && exit_description(p).is_none())
+                    .collect();
+                info!(self.logger, "VM started"; "vmm_pid" => pid,
+                    "helper_pids" => format!("{virtiofsd_pids:?}"),
+                    "elapsed_ms" => started_at.elapsed().as_millis() as u64);
+                let info = VmInfo {
+                    agent_socket: layout.agent_socket.clone(),
+                    vmm_pid: pid,
+                    helper_pids: virtiofsd_pids.clone(),
+                    console_log: layout.console_log.clone(),
+                    accelerator: "kvm".into(),
+                };
+                self.running = Some(Running {
+                    vmm_pid: pid,
+                    virtiofsd_pids,
+                    layout,
+                });
+                Ok(info)
             }
-            let _ = remove_stale(&layout);
-            return Err(e);
+            Err(e) => {
+                warn!(self.logger, "VM start failed; stopping what was started";
+                    "error" => e.to_string(), "pids" => format!("{started:?}"));
+                let survivors = kill_and_reap_async(started, STOP_GRACE).await;
+                if !survivors.is_empty() {
+                    warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+                }
+                let _ = remove_stale(&layout);
+                Err(e)
+            }
         }
-        info!(self.logger, "VM started"; "vmm_pid" => pid,
-            "elapsed_ms" => started_at.elapsed().as_millis() as u64);
-        let info = VmInfo {
-            agent_socket: layout.agent_socket.clone(),
-            vmm_pid: pid,
-            helper_pids: Vec::new(),
-            console_log: layout.console_log.clone(),
-            accelerator: "kvm".into(),
-        };
-        self.running = Some(Running {
-            vmm_pid: pid,
-            layout,
-        });
-        Ok(info)
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
         let Some(running) = self.running.take() else {
             return Ok(());
         };
-        info!(self.logger, "stopping VM"; "pid" => running.vmm_pid);
-        let survivors = kill_and_reap_async(vec![running.vmm_pid], STOP_GRACE).await;
+        let mut pids = vec![running.vmm_pid];
+        pids.extend(&running.virtiofsd_pids);
+        info!(self.logger, "stopping VM"; "pids" => format!("{pids:?}"));
+        let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
         if let Err(e) = remove_stale(&running.layout) {
             warn!(self.logger, "cannot remove stale files"; "error" => e.to_string());
         }
@@ -239,7 +289,11 @@ impl Hypervisor for Builtin {
     fn pids(&self) -> Vec<i32> {
         self.running
             .as_ref()
-            .map(|r| vec![r.vmm_pid])
+            .map(|r| {
+                let mut pids = vec![r.vmm_pid];
+                pids.extend(&r.virtiofsd_pids);
+                pids
+            })
             .unwrap_or_default()
     }
 }

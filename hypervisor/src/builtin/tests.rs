@@ -10,6 +10,10 @@ fn config(dir: &Path) -> BuiltinConfig {
         kernel_params: "agent.log=debug".into(),
         default_vcpus: 1,
         default_memory: 128,
+        virtio_fs_daemon: std::env::var_os("KATA_VIRTIOFSD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd")),
+        virtio_fs_cache: kata_config::VirtioFsCache::Auto,
     }
 }
 
@@ -30,6 +34,8 @@ fn cmdline_and_vmm_json() {
     assert_eq!(json["vsock"]["guest_cid"], 3);
     assert_eq!(json["vsock"]["uds_path"], "/run/vc/sb1/kata.hvsock");
     assert_eq!(json["ready_file"], "/run/vc/sb1/vmm.ready");
+    assert_eq!(json["fs"][0]["socket"], "/run/vc/sb1/virtiofsd.sock");
+    assert_eq!(json["fs"][0]["tag"], "kataShared");
     assert!(!json["cmdline"].as_str().unwrap().contains("quiet"));
 }
 
@@ -82,6 +88,8 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
     let run_dir = dir.path().join("run");
     std::fs::create_dir(&run_dir).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
     let mut c = config(dir.path());
     c.path = vmm;
     c.kernel = kernel;
@@ -89,19 +97,27 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     let vm = VmConfig {
         sandbox_id: "sb1".into(),
         run_dir: run_dir.clone(),
-        shared_dir: dir.path().join("shared"),
+        shared_dir: shared,
         debug: false,
     };
     let info = backend.start_vm(&vm).await.unwrap();
-    assert_eq!(backend.pids(), vec![info.vmm_pid]);
+    // kata-vmm and the virtiofsd its virtio-fs frontend is connected to.
+    assert_eq!(info.helper_pids.len(), 1, "{info:?}");
+    let mut pids = vec![info.vmm_pid];
+    pids.extend(&info.helper_pids);
+    assert_eq!(backend.pids(), pids);
     assert!(info.agent_socket.exists());
-    assert!(crate::process::is_running(info.vmm_pid));
+    for pid in &pids {
+        assert!(crate::process::is_running(*pid));
+    }
     assert!(matches!(
         backend.start_vm(&vm).await,
         Err(Error::AlreadyRunning(_))
     ));
     backend.stop_vm().await.unwrap();
-    assert!(!crate::process::is_running(info.vmm_pid));
+    for pid in &pids {
+        assert!(!crate::process::is_running(*pid));
+    }
     assert!(backend.pids().is_empty());
     assert!(!info.agent_socket.exists());
     backend.stop_vm().await.unwrap();
@@ -120,4 +136,40 @@ async fn missing_kernel_is_reported_before_spawning() {
     let e = backend.start_vm(&vm).await.unwrap_err().to_string();
     assert!(e.contains("vmlinux does not exist"), "{e}");
     assert!(backend.pids().is_empty());
+}
+
+#[tokio::test]
+async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
+    let Some(vmm) = kata_vmm() else {
+        eprintln!("skipped: build kata-vmm first (cargo build -p vmm)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Files that exist but that kata-vmm cannot load: it exits during the build.
+    std::fs::write(dir.path().join("vmlinux"), b"not an ELF").unwrap();
+    std::fs::write(dir.path().join("initrd"), b"not an initrd").unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let mut c = config(dir.path());
+    c.path = vmm;
+    let mut backend = Builtin::new(c, crate::discard_logger());
+    let vm = VmConfig {
+        sandbox_id: "sb1".into(),
+        run_dir: run_dir.clone(),
+        shared_dir: shared,
+        debug: false,
+    };
+    let e = backend.start_vm(&vm).await.unwrap_err().to_string();
+    assert!(e.contains("kata-vmm"), "{e}");
+    assert!(backend.pids().is_empty());
+    // virtiofsd was started first; it must be gone along with its socket.
+    let socket = run_dir.join("virtiofsd.sock");
+    assert!(!socket.exists());
+    let out = Command::new("pgrep")
+        .args(["-f", &socket.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(out.stdout.is_empty(), "virtiofsd survived: {:?}", out);
 }

@@ -17,24 +17,6 @@ pub const GUEST_CID: u32 = 3;
 /// Descriptors per virtio-fs request queue.
 const FS_QUEUE_SIZE: u32 = 1024;
 
-/// virtiofsd's `--sandbox` mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsSandbox {
-    /// Own mount, pid and net namespaces (virtiofsd's default, preferred).
-    Namespace,
-    /// No isolation; the fallback where namespaces cannot be set up.
-    None,
-}
-
-impl FsSandbox {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Namespace => "namespace",
-            Self::None => "none",
-        }
-    }
-}
-
 /// Everything the QEMU command line depends on.
 pub struct QemuLaunch<'a> {
     pub config: &'a QemuConfig,
@@ -126,32 +108,6 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
     args.into()
 }
 
-/// virtiofsd's arguments.
-pub fn virtiofsd_args(
-    config: &QemuConfig,
-    layout: &RunDirLayout,
-    shared_dir: &Path,
-    sandbox: FsSandbox,
-    debug: bool,
-) -> Vec<String> {
-    let mut args = vec![
-        "--socket-path".into(),
-        path(&layout.virtiofsd_socket),
-        "--shared-dir".into(),
-        path(shared_dir),
-        "--cache".into(),
-        config.virtio_fs_cache.to_string(),
-        "--sandbox".into(),
-        sandbox.as_str().into(),
-        // No --announce-submounts: with it, our 6.1 guest crashed binaries run inside a
-        // chroot whose root is an announced submount (the container rootfs always is).
-    ];
-    if debug {
-        args.extend(["--log-level".into(), "debug".into()]);
-    }
-    args
-}
-
 /// vhost-device-vsock's arguments: one VM, hybrid vsock on the agent socket.
 pub fn vsock_backend_args(layout: &RunDirLayout) -> Vec<String> {
     vec![
@@ -183,7 +139,6 @@ fn opt(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn config() -> QemuConfig {
         kata_config::Config::from_str(
@@ -284,34 +239,6 @@ virtio_fs_cache = "never"
         assert!(s.contains("path=/run/a,,b/console.log"), "{s}");
         assert!(s.contains("-name sandbox-id,,x"), "{s}");
         assert!(joined(&vsock_backend_args(&layout)).contains("socket=/run/a,,b/vhost-vsock.sock"));
-    }
-
-    #[test]
-    fn virtiofsd_command_line() {
-        let config = config();
-        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
-        let shared = PathBuf::from("/run/kata-containers/shared/sb1");
-        assert_eq!(
-            joined(&virtiofsd_args(
-                &config,
-                &layout,
-                &shared,
-                FsSandbox::Namespace,
-                false
-            )),
-            "--socket-path /run/vc/sb1/virtiofsd.sock \
-             --shared-dir /run/kata-containers/shared/sb1 --cache never \
-             --sandbox namespace"
-        );
-        let s = joined(&virtiofsd_args(
-            &config,
-            &layout,
-            &shared,
-            FsSandbox::None,
-            true,
-        ));
-        assert!(s.contains("--sandbox none"), "{s}");
-        assert!(s.ends_with("--log-level debug"), "{s}");
     }
 
     #[test]

@@ -26,13 +26,12 @@ use kata_config::QemuConfig;
 use slog::{debug, info, o, warn, Logger};
 
 use crate::accel::{self, Accel};
-use crate::process::{exit_description, kill_and_reap_async, Daemon, POLL};
+use crate::process::{exit_description, kill_and_reap_async, wait_for_sockets, Daemon, Wait, POLL};
+use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo};
-use cmdline::{FsSandbox, QemuLaunch};
+use cmdline::QemuLaunch;
 use layout::RunDirLayout;
 
-/// How long a helper daemon may take to create its socket.
-const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long QEMU may take to set up the machine (TCG on a busy host is slow).
 const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long processes get between SIGTERM and SIGKILL.
@@ -103,51 +102,26 @@ impl Qemu {
         Ok(pid)
     }
 
-    /// virtiofsd with `--sandbox namespace`, or `--sandbox none` if that dies at once
-    /// (e.g. no permission to create namespaces).
     async fn start_virtiofsd(
         &self,
         cfg: &VmConfig,
         layout: &RunDirLayout,
         started: &mut Vec<i32>,
     ) -> Result<(), Error> {
-        let daemon = |sandbox| Daemon {
-            step: "virtiofsd",
+        Virtiofsd {
             program: &self.config.virtio_fs_daemon,
-            args: cmdline::virtiofsd_args(
-                &self.config,
-                layout,
-                &cfg.shared_dir,
-                sandbox,
-                cfg.debug,
-            ),
-            env: Vec::new(),
+            cache: self.config.virtio_fs_cache,
+            socket: &layout.virtiofsd_socket,
+            shared_dir: &cfg.shared_dir,
             log: layout.virtiofsd_log.clone(),
-        };
-        let preferred = daemon(FsSandbox::Namespace);
-        self.log_command(&preferred);
-        let pid = preferred.spawn()?;
-        started.push(pid);
-        match wait_for_sockets(&preferred, pid, &[&layout.virtiofsd_socket]).await {
-            Ok(()) => return Ok(()),
-            Err(Wait::Timeout(e)) => return Err(e),
-            Err(Wait::Died(e)) => warn!(self.logger,
-                "virtiofsd cannot sandbox itself in namespaces; retrying with --sandbox none";
-                "error" => e.to_string()),
+            debug: cfg.debug,
         }
-        let fallback = daemon(FsSandbox::None);
-        self.log_command(&fallback);
-        let pid = fallback.spawn()?;
-        started.push(pid);
-        wait_for_sockets(&fallback, pid, &[&layout.virtiofsd_socket])
-            .await
-            .map_err(Wait::into_error)
+        .start(&self.logger, started)
+        .await
     }
 
     fn log_command(&self, d: &Daemon<'_>) {
-        info!(self.logger, "starting {}", d.step;
-            "command" => format!("{} {}", d.program.display(), d.args.join(" ")),
-            "log" => d.log.display().to_string());
+        log_command(&self.logger, d);
     }
 }
 
@@ -287,58 +261,6 @@ fn remove_stale(layout: &RunDirLayout) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// Why waiting for a process to be ready failed.
-enum Wait {
-    /// It exited first.
-    Died(Error),
-    /// It is still running but not ready.
-    Timeout(Error),
-}
-
-impl Wait {
-    fn into_error(self) -> Error {
-        match self {
-            Self::Died(e) | Self::Timeout(e) => e,
-        }
-    }
-}
-
-impl From<Wait> for Error {
-    fn from(w: Wait) -> Self {
-        w.into_error()
-    }
-}
-
-/// Waits until every socket exists, the process dies, or the deadline passes.
-async fn wait_for_sockets(d: &Daemon<'_>, pid: i32, sockets: &[&Path]) -> Result<(), Wait> {
-    let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
-    let names = || {
-        sockets
-            .iter()
-            .map(|s| s.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" and ")
-    };
-    loop {
-        if sockets.iter().all(|s| s.exists()) {
-            return Ok(());
-        }
-        if let Some(how) = exit_description(pid) {
-            return Err(Wait::Died(
-                d.failed(format!("it {how} before creating {}", names())),
-            ));
-        }
-        if Instant::now() >= deadline {
-            return Err(Wait::Timeout(d.failed(format!(
-                "{} did not appear within {} s",
-                names(),
-                DAEMON_READY_TIMEOUT.as_secs()
-            ))));
-        }
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// Waits for QEMU's QMP greeting, QEMU's death, or the deadline.

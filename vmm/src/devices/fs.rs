@@ -17,9 +17,7 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{
-    Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-};
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -399,14 +397,24 @@ mod tests {
             .arg(&socket)
             .arg("--shared-dir")
             .arg(&shared)
-            .args(["--sandbox", "none", "--cache", "never", "--log-level", "error"])
+            .args([
+                "--sandbox",
+                "none",
+                "--cache",
+                "never",
+                "--log-level",
+                "error",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let start = Instant::now();
         while !socket.exists() {
-            assert!(start.elapsed() < Duration::from_secs(10), "no virtiofsd socket");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no virtiofsd socket"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Virtiofsd {
@@ -463,7 +471,11 @@ mod tests {
             write32(t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
             write32(t, 0x24, 1);
             write32(t, 0x20, 1);
-            write32(t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+            write32(
+                t,
+                0x70,
+                STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+            );
             set_queue(t, 0, 0x4000, 0x5000, 0x6000);
             set_queue(t, 1, DESC, AVAIL, USED);
             write32(
@@ -517,7 +529,11 @@ mod tests {
             assert_eq!(n, 1, "virtiofsd did not answer opcode {opcode}");
             self.t.host_event();
             assert_eq!(self.irq.read().unwrap(), 1, "interrupt raised");
-            assert_eq!(read32(&mut self.t, 0x60) & 1, 1, "used-ring interrupt status");
+            assert_eq!(
+                read32(&mut self.t, 0x60) & 1,
+                1,
+                "used-ring interrupt status"
+            );
             write32(&mut self.t, 0x64, 1);
             let used_idx: u16 = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
             assert_eq!(used_idx, self.next);
@@ -566,7 +582,11 @@ mod tests {
         }
         let (err, out) = d.call(FUSE_INIT, 0, &init);
         assert_eq!(err, 0);
-        assert_eq!(u32::from_le_bytes(out[0..4].try_into().unwrap()), 7, "major");
+        assert_eq!(
+            u32::from_le_bytes(out[0..4].try_into().unwrap()),
+            7,
+            "major"
+        );
 
         let (err, out) = d.call(FUSE_LOOKUP, 1, b"hello.txt\0");
         assert_eq!(err, 0, "lookup");
@@ -597,7 +617,10 @@ mod tests {
         d.mem.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
         d.start();
         let (err, out) = d.call(FUSE_INIT, 0, &init);
-        assert_eq!((err, u32::from_le_bytes(out[0..4].try_into().unwrap())), (0, 7));
+        assert_eq!(
+            (err, u32::from_le_bytes(out[0..4].try_into().unwrap())),
+            (0, 7)
+        );
     }
 
     #[test]
