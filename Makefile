@@ -76,9 +76,15 @@ lint:
 # Benchmarks (bench/bench.py): start-up, phase breakdown, stdout and vsock throughput, exec
 # latency, memory and density of our runtime next to runc, through a private containerd.
 # Prints a table and writes target/bench/<timestamp>.json and target/bench/latest.json.
+# Then vmm/bench.sh: kata-vmm against QEMU on a tiny test guest (exec -> first serial byte,
+# RSS with a 128 MiB guest); `make bench-vmm` runs only that part.
 # Env: BENCH_RUNS (5), BENCH_DENSITY (10), more in bench/README.md. Not part of `make test`;
 # run it on an otherwise idle machine.
-.PHONY: bench
+.PHONY: bench bench-vmm
 bench: shim vsock initrd kernel image
 	KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) IMAGE_TAR=$(IMAGE_TAR) \
 	KATA_SHIM_DIR=$(CURDIR)/target/release python3 bench/bench.py
+	RUNS=$${BENCH_RUNS:-5} bash vmm/bench.sh
+
+bench-vmm:
+	RUNS=$${BENCH_RUNS:-5} bash vmm/bench.sh
