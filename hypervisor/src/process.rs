@@ -252,6 +252,28 @@ pub(crate) async fn wait_for_sockets(
     }
 }
 
+/// How long a VMM and its helpers get between SIGTERM and SIGKILL.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// After a failed start: stops, by pid, everything that start had started.
+pub(crate) async fn stop_started(logger: &slog::Logger, error: &Error, started: Vec<i32>) {
+    slog::warn!(logger, "VM start failed; stopping what was started";
+        "error" => error.to_string(), "pids" => format!("{started:?}"));
+    let survivors = kill_and_reap_async(started, STOP_GRACE).await;
+    if !survivors.is_empty() {
+        slog::warn!(logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+    }
+}
+
+/// After a successful start: the helpers among `started` (all but the VMM) still alive; a
+/// virtiofsd that died before its `--sandbox none` fallback is already gone.
+pub(crate) fn live_helpers(started: Vec<i32>, vmm_pid: i32) -> Vec<i32> {
+    started
+        .into_iter()
+        .filter(|&p| p != vmm_pid && exit_description(p).is_none())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -373,48 +373,6 @@ fn bad_config_fails_with_a_sentence() {
     }
 }
 
-/// virtiofsd sharing a temp dir, killed by pid when dropped.
-struct Virtiofsd {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Drop for Virtiofsd {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of our own unreaped child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-fn start_virtiofsd(dir: &Path, shared: &Path) -> Virtiofsd {
-    let binary = std::env::var_os("KATA_VIRTIOFSD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd"));
-    assert!(
-        binary.exists(),
-        "{} is missing: run `make setup` (or set KATA_VIRTIOFSD)",
-        binary.display()
-    );
-    let socket = dir.join("virtiofsd.sock");
-    let child = Command::new(binary)
-        .arg("--socket-path")
-        .arg(&socket)
-        .arg("--shared-dir")
-        .arg(shared)
-        .args(["--sandbox", "none", "--log-level", "error"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !socket.exists() {
-        assert!(start.elapsed() < DEADLINE, "virtiofsd made no socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Virtiofsd { child, socket }
-}
-
 #[test]
 fn virtio_fs_guest_reads_a_file_through_virtiofsd() {
     if !kvm_available() {

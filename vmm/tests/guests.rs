@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Assembles `source` (GNU as, AT&T syntax) and links it at 1 MiB into `dir/name`.
 pub fn build_guest(dir: &Path, name: &str, source: &str) -> PathBuf {
@@ -650,4 +651,50 @@ msg_data: .asciz "\ndata: "
 {PVH_NOTE}
 "#
     )
+}
+
+/// virtiofsd sharing a temp dir, killed by pid when dropped.
+pub struct Virtiofsd {
+    child: Child,
+    /// Its vhost-user socket.
+    pub socket: PathBuf,
+}
+
+impl Drop for Virtiofsd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of our own unreaped child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start_virtiofsd(dir: &Path, shared: &Path) -> Virtiofsd {
+    let binary = std::env::var_os("KATA_VIRTIOFSD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd"));
+    assert!(
+        binary.exists(),
+        "{} is missing: run `make setup` (or set KATA_VIRTIOFSD)",
+        binary.display()
+    );
+    let socket = dir.join("virtiofsd.sock");
+    let child = Command::new(binary)
+        .arg("--socket-path")
+        .arg(&socket)
+        .arg("--shared-dir")
+        .arg(shared)
+        .args(["--sandbox", "none", "--log-level", "error"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "virtiofsd made no socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Virtiofsd { child, socket }
 }

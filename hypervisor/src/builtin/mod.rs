@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use kata_config::BuiltinConfig;
 use slog::{info, o, warn, Logger};
 
-use crate::process::{exit_description, kill_and_reap_async, Daemon, POLL};
+use crate::process::{
+    exit_description, kill_and_reap_async, live_helpers, stop_started, Daemon, POLL, STOP_GRACE,
+};
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
 
@@ -29,8 +31,6 @@ pub const BASE_KERNEL_PARAMS: &str =
 pub const GUEST_CID: u32 = 3;
 /// How long kata-vmm may take to build the VM and start its vCPUs.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long kata-vmm gets between SIGTERM and SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// Files of a builtin sandbox in its run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +119,7 @@ pub struct Builtin {
 
 struct Running {
     vmm_pid: i32,
-    virtiofsd_pids: Vec<i32>,
+    helper_pids: Vec<i32>,
     layout: BuiltinLayout,
 }
 
@@ -233,35 +233,26 @@ impl Hypervisor for Builtin {
         let mut started = Vec::new();
         match self.launch(cfg, &layout, &mut started).await {
             Ok(pid) => {
-                // A virtiofsd that died before the fallback is already gone.
-                let virtiofsd_pids: Vec<i32> = started
-                    .into_iter()
-                    .filter(|&p| p != pid && exit_description(p).is_none())
-                    .collect();
+                let helper_pids = live_helpers(started, pid);
                 info!(self.logger, "VM started"; "vmm_pid" => pid,
-                    "helper_pids" => format!("{virtiofsd_pids:?}"),
+                    "helper_pids" => format!("{helper_pids:?}"),
                     "elapsed_ms" => started_at.elapsed().as_millis() as u64);
                 let info = VmInfo {
                     agent_socket: layout.agent_socket.clone(),
                     vmm_pid: pid,
-                    helper_pids: virtiofsd_pids.clone(),
+                    helper_pids: helper_pids.clone(),
                     console_log: layout.console_log.clone(),
                     accelerator: "kvm".into(),
                 };
                 self.running = Some(Running {
                     vmm_pid: pid,
-                    virtiofsd_pids,
+                    helper_pids,
                     layout,
                 });
                 Ok(info)
             }
             Err(e) => {
-                warn!(self.logger, "VM start failed; stopping what was started";
-                    "error" => e.to_string(), "pids" => format!("{started:?}"));
-                let survivors = kill_and_reap_async(started, STOP_GRACE).await;
-                if !survivors.is_empty() {
-                    warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
-                }
+                stop_started(&self.logger, &e, started).await;
                 let _ = remove_stale(&layout);
                 Err(e)
             }
@@ -273,7 +264,7 @@ impl Hypervisor for Builtin {
             return Ok(());
         };
         let mut pids = vec![running.vmm_pid];
-        pids.extend(&running.virtiofsd_pids);
+        pids.extend(&running.helper_pids);
         info!(self.logger, "stopping VM"; "pids" => format!("{pids:?}"));
         let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
         if let Err(e) = remove_stale(&running.layout) {
@@ -291,7 +282,7 @@ impl Hypervisor for Builtin {
             .as_ref()
             .map(|r| {
                 let mut pids = vec![r.vmm_pid];
-                pids.extend(&r.virtiofsd_pids);
+                pids.extend(&r.helper_pids);
                 pids
             })
             .unwrap_or_default()

@@ -71,6 +71,24 @@ fn spin_guest(dir: &Path) -> Option<PathBuf> {
     ok.then_some(elf)
 }
 
+/// A backend running `vmm` on `kernel`, with run and shared dirs made under `dir`.
+fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) {
+    let run_dir = dir.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let mut c = config(dir);
+    c.path = vmm;
+    c.kernel = kernel;
+    let vm = VmConfig {
+        sandbox_id: "sb1".into(),
+        run_dir,
+        shared_dir: shared,
+        debug: false,
+    };
+    (Builtin::new(c, crate::discard_logger()), vm)
+}
+
 #[tokio::test]
 async fn starts_and_stops_kata_vmm_by_pid() {
     let Some(vmm) = kata_vmm() else {
@@ -86,20 +104,7 @@ async fn starts_and_stops_kata_vmm_by_pid() {
         return;
     };
     std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
-    let run_dir = dir.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
-    let shared = dir.path().join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    let mut c = config(dir.path());
-    c.path = vmm;
-    c.kernel = kernel;
-    let mut backend = Builtin::new(c, crate::discard_logger());
-    let vm = VmConfig {
-        sandbox_id: "sb1".into(),
-        run_dir: run_dir.clone(),
-        shared_dir: shared,
-        debug: false,
-    };
+    let (mut backend, vm) = backend_in(dir.path(), vmm, kernel);
     let info = backend.start_vm(&vm).await.unwrap();
     // kata-vmm and the virtiofsd its virtio-fs frontend is connected to.
     assert_eq!(info.helper_pids.len(), 1, "{info:?}");
@@ -148,19 +153,8 @@ async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
     // Files that exist but that kata-vmm cannot load: it exits during the build.
     std::fs::write(dir.path().join("vmlinux"), b"not an ELF").unwrap();
     std::fs::write(dir.path().join("initrd"), b"not an initrd").unwrap();
-    let run_dir = dir.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
-    let shared = dir.path().join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    let mut c = config(dir.path());
-    c.path = vmm;
-    let mut backend = Builtin::new(c, crate::discard_logger());
-    let vm = VmConfig {
-        sandbox_id: "sb1".into(),
-        run_dir: run_dir.clone(),
-        shared_dir: shared,
-        debug: false,
-    };
+    let (mut backend, vm) = backend_in(dir.path(), vmm, dir.path().join("vmlinux"));
+    let run_dir = vm.run_dir.clone();
     let e = backend.start_vm(&vm).await.unwrap_err().to_string();
     assert!(e.contains("kata-vmm"), "{e}");
     assert!(backend.pids().is_empty());

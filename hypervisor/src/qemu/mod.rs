@@ -26,7 +26,10 @@ use kata_config::QemuConfig;
 use slog::{debug, info, o, warn, Logger};
 
 use crate::accel::{self, Accel};
-use crate::process::{exit_description, kill_and_reap_async, wait_for_sockets, Daemon, Wait, POLL};
+use crate::process::{
+    exit_description, kill_and_reap_async, live_helpers, stop_started, wait_for_sockets, Daemon,
+    Wait, POLL, STOP_GRACE,
+};
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo};
 use cmdline::QemuLaunch;
@@ -34,8 +37,6 @@ use layout::RunDirLayout;
 
 /// How long QEMU may take to set up the machine (TCG on a busy host is slow).
 const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long processes get between SIGTERM and SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// The QEMU backend of one sandbox.
 pub struct Qemu {
@@ -174,13 +175,7 @@ impl Hypervisor for Qemu {
         let mut started = Vec::new();
         match self.launch(cfg, &layout, choice.accel, &mut started).await {
             Ok(vmm_pid) => {
-                let helper_pids: Vec<i32> = started.into_iter().filter(|&p| p != vmm_pid).collect();
-                // A virtiofsd that died before the fallback is already gone; keep only
-                // live helpers so `pids()` lists what needs stopping.
-                let helper_pids: Vec<i32> = helper_pids
-                    .into_iter()
-                    .filter(|&p| exit_description(p).is_none())
-                    .collect();
+                let helper_pids = live_helpers(started, vmm_pid);
                 info!(self.logger, "VM started";
                     "vmm_pid" => vmm_pid,
                     "helper_pids" => format!("{helper_pids:?}"),
@@ -201,12 +196,7 @@ impl Hypervisor for Qemu {
                 Ok(info)
             }
             Err(e) => {
-                warn!(self.logger, "VM start failed; stopping what was started";
-                    "error" => e.to_string(), "pids" => format!("{started:?}"));
-                let survivors = kill_and_reap_async(started, STOP_GRACE).await;
-                if !survivors.is_empty() {
-                    warn!(self.logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
-                }
+                stop_started(&self.logger, &e, started).await;
                 let _ = remove_stale(&layout);
                 Err(e)
             }
