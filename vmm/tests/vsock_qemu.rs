@@ -230,7 +230,7 @@ fn echo_through_qemu_including_an_early_connect() {
     let vm = Command::new(qemu)
         .args([
             "-M",
-            "microvm,accel=tcg,acpi=off,x-option-roms=off,rtc=off,memory-backend=mem",
+            "microvm,accel=tcg,acpi=off,x-option-roms=off,memory-backend=mem",
         ])
         .args(["-cpu", "max", "-m", "256M", "-smp", "1"])
         .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
