@@ -25,6 +25,7 @@ use crate::arch::x86_64::{
     configure_linux_boot, configure_pvh_boot, initrd_load_addr, BootError, InitrdConfig,
 };
 use crate::config::VmConfig;
+use crate::devices::block::BlockDevice;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::fs::FsDevice;
 use crate::devices::i8042::I8042Device;
@@ -328,6 +329,13 @@ impl Vmm {
         }
 
         // virtio-blk: one device per disk (config.block).
+        for disk in &config.block {
+            let device = BlockDevice::new(disk).map_err(|e| BuildError::Device {
+                what: format!("virtio-blk disk {}", disk.path.display()),
+                reason: e.to_string(),
+            })?;
+            virtio.push(Box::new(device));
+        }
 
         // virtio-net: one device per tap (config.net).
 

@@ -76,7 +76,8 @@ pub fn allowed_syscalls(kind: ThreadKind) -> Vec<libc::c_long> {
         // memory and eventfds (sendmsg/recvmsg with SCM_RIGHTS).
         ThreadKind::Vcpu => calls.extend([libc::SYS_ioctl, libc::SYS_sendmsg, libc::SYS_recvmsg]),
         // The vsock muxer: accepting and connecting unix sockets, its epoll set, and
-        // `set_nonblocking` (an ioctl).
+        // `set_nonblocking` (an ioctl). virtio-blk: positioned reads and writes of the disk
+        // image, and flushes.
         ThreadKind::Device => calls.extend([
             libc::SYS_epoll_wait,
             libc::SYS_epoll_pwait,
@@ -94,6 +95,9 @@ pub fn allowed_syscalls(kind: ThreadKind) -> Vec<libc::c_long> {
             libc::SYS_getsockopt,
             libc::SYS_setsockopt,
             libc::SYS_ioctl,
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_fdatasync,
         ]),
     }
     calls
@@ -132,5 +136,10 @@ mod tests {
         assert!(!filter(ThreadKind::Vcpu).unwrap().is_empty());
         assert!(!filter(ThreadKind::Device).unwrap().is_empty());
         assert!(!allowed_syscalls(ThreadKind::Vcpu).contains(&libc::SYS_execve));
+        // virtio-blk's file I/O runs on the device thread.
+        let device = allowed_syscalls(ThreadKind::Device);
+        for nr in [libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_fdatasync] {
+            assert!(device.contains(&nr), "syscall {nr}");
+        }
     }
 }

@@ -343,6 +343,86 @@ fn vsock_stream_between_host_socket_and_guest() {
 }
 
 #[test]
+fn pvh_guest_reads_writes_and_flushes_a_disk() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "blk", &block_guest());
+    let disk = dir.path().join("disk.img");
+    // Sector 0 holds a string for the guest to print; sector 1 is not zero, so the test
+    // sees the guest's whole sector land; a partial fifth sector is not addressable.
+    let mut image = vec![0u8; 4 * 512 + 100];
+    let text = b"hello from the host disk\n";
+    image[..text.len()].copy_from_slice(text);
+    image[512..].fill(0xee);
+    std::fs::write(&disk, &image).unwrap();
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "rng": false, "block": [{ "path": disk, "serial": "disk0" }] }),
+    );
+    let status = vmm.wait(DEADLINE);
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
+    let status = status.unwrap_or_else(|| {
+        panic!("kata-vmm did not exit within {DEADLINE:?}; serial: {serial:?}; stderr: {stderr}")
+    });
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains(r#"cmdline \"virtio_mmio.device=4K@0xd0000000:5\""#),
+        "the disk is the only virtio device: {stderr}"
+    );
+    assert_eq!(
+        serial,
+        "blk id=00000002 status=0000000f capacity=00000004 blk_size=00000200\n\
+         sector 0: hello from the host disk\n\
+         in=00000000 len=00000201 out=00000000 len=00000001 flush=00000000 len=00000001\n",
+        "stderr: {stderr}"
+    );
+    let after = std::fs::read(&disk).unwrap();
+    assert_eq!(after.len(), image.len());
+    let mut sector1 = BLOCK_GUEST_TEXT.as_bytes().to_vec();
+    sector1.resize(512, 0);
+    assert_eq!(after[512..1024], sector1[..]);
+    assert_eq!(after[..512], image[..512]);
+    assert_eq!(after[1024..], image[1024..]);
+}
+
+#[test]
+fn missing_disk_fails_with_a_sentence_naming_it() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "reset", &reset_guest());
+    let missing = dir.path().join("no-such-disk.img");
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "rng": false, "block": [{ "path": missing }] }),
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    let path = missing.display().to_string();
+    assert!(
+        stderr.contains(&format!("Cannot set up the virtio-blk disk {path}: ")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+    assert!(stderr.contains("Create the image first"), "{stderr}");
+    assert!(
+        std::fs::read_to_string(serial)
+            .unwrap_or_default()
+            .is_empty(),
+        "the guest never ran"
+    );
+}
+
+#[test]
 fn check_gives_a_verdict() {
     if !kvm_available() {
         return;

@@ -698,3 +698,188 @@ pub fn start_virtiofsd(dir: &Path, shared: &Path) -> Virtiofsd {
     }
     Virtiofsd { child, socket }
 }
+
+/// What [`block_guest`] writes at the start of sector 1 (the rest of the sector is zeros).
+pub const BLOCK_GUEST_TEXT: &str = "written by the guest";
+
+/// PVH guest that drives virtio-blk as the first virtio-mmio device: prints the device id,
+/// status, capacity (low word) and blk_size (a 2-byte config read), reads sector 0 and prints
+/// it as a string, writes [`BLOCK_GUEST_TEXT`] to sector 1, flushes, prints each request's
+/// status and used length, then resets. Each request waits for the used ring without a
+/// timeout: the test's deadline catches a device that never answers.
+pub fn block_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    cld
+    lea msg_id, %ebx
+    call puts
+    mov 0xd0000008, %eax
+    call hex32
+
+    # handshake: ACKNOWLEDGE, DRIVER, VERSION_1 only, FEATURES_OK
+    movl $1, 0xd0000070
+    movl $3, 0xd0000070
+    movl $1, 0xd0000024
+    movl $1, 0xd0000020
+    movl $11, 0xd0000070
+    # queue 0: 8 entries at 0x200000 (desc), 0x201000 (avail), 0x202000 (used)
+    movl $0, 0xd0000030
+    movl $8, 0xd0000038
+    movl $0x200000, 0xd0000080
+    movl $0x201000, 0xd0000090
+    movl $0x202000, 0xd00000a0
+    movl $1, 0xd0000044
+    movl $15, 0xd0000070
+    lea msg_status, %ebx
+    call puts
+    mov 0xd0000070, %eax
+    call hex32
+    lea msg_capacity, %ebx
+    call puts
+    mov 0xd0000100, %eax
+    call hex32
+    lea msg_blk_size, %ebx
+    call puts
+    movzwl 0xd0000114, %eax
+    call hex32
+    mov $'\n', %al
+    out %al, %dx
+
+    # status bytes at 0x205000.. start as 0xff: the device must overwrite them
+    movl $0xffffffff, 0x205000
+
+    # request 1, descriptors 0-2: IN sector 0 into 512 bytes at 0x204000
+    movl $0, 0x203000
+    movl $0, 0x203004
+    movl $0, 0x203008
+    movl $0, 0x20300c
+    movl $0x203000, 0x200000
+    movl $0, 0x200004
+    movl $16, 0x200008
+    movw $1, 0x20000c
+    movw $1, 0x20000e
+    movl $0x204000, 0x200010
+    movl $0, 0x200014
+    movl $512, 0x200018
+    movw $3, 0x20001c
+    movw $2, 0x20001e
+    movl $0x205000, 0x200020
+    movl $0, 0x200024
+    movl $1, 0x200028
+    movw $2, 0x20002c
+    movw $0, 0x20002e
+    movw $0, 0x201004
+    movw $1, 0x201002
+    movl $0, 0xd0000050
+    mov $1, %eax
+    call wait_used
+
+    # request 2, descriptors 3-5: OUT sector 1 from 512 bytes at 0x206000
+    lea msg_disk, %esi
+    mov $0x206000, %edi
+    mov $(msg_disk_end - msg_disk), %ecx
+    rep movsb
+    movl $1, 0x203010
+    movl $0, 0x203014
+    movl $1, 0x203018
+    movl $0, 0x20301c
+    movl $0x203010, 0x200030
+    movl $0, 0x200034
+    movl $16, 0x200038
+    movw $1, 0x20003c
+    movw $4, 0x20003e
+    movl $0x206000, 0x200040
+    movl $0, 0x200044
+    movl $512, 0x200048
+    movw $1, 0x20004c
+    movw $5, 0x20004e
+    movl $0x205001, 0x200050
+    movl $0, 0x200054
+    movl $1, 0x200058
+    movw $2, 0x20005c
+    movw $0, 0x20005e
+    movw $3, 0x201006
+    movw $2, 0x201002
+    movl $0, 0xd0000050
+    mov $2, %eax
+    call wait_used
+
+    # request 3, descriptors 6-7: FLUSH
+    movl $4, 0x203020
+    movl $0, 0x203024
+    movl $0, 0x203028
+    movl $0, 0x20302c
+    movl $0x203020, 0x200060
+    movl $0, 0x200064
+    movl $16, 0x200068
+    movw $1, 0x20006c
+    movw $7, 0x20006e
+    movl $0x205002, 0x200070
+    movl $0, 0x200074
+    movl $1, 0x200078
+    movw $2, 0x20007c
+    movw $0, 0x20007e
+    movw $6, 0x201008
+    movw $3, 0x201002
+    movl $0, 0xd0000050
+    mov $3, %eax
+    call wait_used
+
+    lea msg_sector0, %ebx
+    call puts
+    mov $0x204000, %ebx
+    call puts
+    lea msg_in, %ebx
+    call puts
+    movzbl 0x205000, %eax
+    call hex32
+    lea msg_len, %ebx
+    call puts
+    mov 0x202008, %eax
+    call hex32
+    lea msg_out, %ebx
+    call puts
+    movzbl 0x205001, %eax
+    call hex32
+    lea msg_len, %ebx
+    call puts
+    mov 0x202010, %eax
+    call hex32
+    lea msg_flush, %ebx
+    call puts
+    movzbl 0x205002, %eax
+    call hex32
+    lea msg_len, %ebx
+    call puts
+    mov 0x202018, %eax
+    call hex32
+    mov $'\n', %al
+    out %al, %dx
+    jmp reset
+
+# Waits until the used ring's idx is %ax.
+wait_used:
+1:  cmpw %ax, 0x202002
+    jne 1b
+    ret
+{SERIAL_HELPERS}
+msg_id: .asciz "blk id="
+msg_status: .asciz " status="
+msg_capacity: .asciz " capacity="
+msg_blk_size: .asciz " blk_size="
+msg_sector0: .asciz "sector 0: "
+msg_in: .asciz "in="
+msg_out: .asciz " out="
+msg_flush: .asciz " flush="
+msg_len: .asciz " len="
+msg_disk: .ascii "{BLOCK_GUEST_TEXT}"
+msg_disk_end:
+{PVH_NOTE}
+"#
+    )
+}

@@ -475,6 +475,38 @@ pub(crate) mod tests {
         mem.write_obj(slot + 1, GuestAddress(AVAIL + 2)).unwrap();
     }
 
+    /// Descriptor flag: another descriptor follows.
+    pub(crate) const NEXT: u16 = 1;
+    /// Descriptor flag: the device writes this buffer.
+    pub(crate) const WRITE: u16 = 2;
+
+    /// Puts a chain of descriptors (addr, len, flags), linked in order from descriptor
+    /// `first` on, in the ring as avail entry `slot`; NEXT flags are added.
+    pub(crate) fn push_chain(
+        mem: &GuestMemoryMmap,
+        slot: u16,
+        first: u16,
+        descs: &[(u64, u32, u16)],
+    ) {
+        for (i, (addr, len, flags)) in descs.iter().enumerate() {
+            let index = first + i as u16;
+            let last = i + 1 == descs.len();
+            let d = DESC + u64::from(index) * 16;
+            mem.write_obj(*addr, GuestAddress(d)).unwrap();
+            mem.write_obj(*len, GuestAddress(d + 8)).unwrap();
+            let (flags, next) = if last {
+                (*flags, 0)
+            } else {
+                (*flags | NEXT, index + 1)
+            };
+            mem.write_obj(flags, GuestAddress(d + 12)).unwrap();
+            mem.write_obj(next, GuestAddress(d + 14)).unwrap();
+        }
+        mem.write_obj(first, GuestAddress(AVAIL + 4 + u64::from(slot) * 2))
+            .unwrap();
+        mem.write_obj(slot + 1, GuestAddress(AVAIL + 2)).unwrap();
+    }
+
     pub(crate) fn test_mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
     }
