@@ -378,8 +378,11 @@ impl Vmm {
                 GuestAddress(CMDLINE_START),
                 cmdline.len() + 1,
                 initrd,
+                config.vcpus,
             )?,
-            BootProtocol::Pvh => configure_pvh_boot(&memory, GuestAddress(CMDLINE_START), initrd)?,
+            BootProtocol::Pvh => {
+                configure_pvh_boot(&memory, GuestAddress(CMDLINE_START), initrd, config.vcpus)?
+            }
         }
 
         let mut vcpus = Vec::new();

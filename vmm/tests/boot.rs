@@ -200,6 +200,37 @@ fn pvh_guest_sees_start_info_and_virtio_rng() {
 }
 
 #[test]
+fn smp_guest_finds_the_mp_table_and_starts_its_second_vcpu() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "smp", &smp_guest());
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "vcpus": 2, "rng": false }),
+    );
+    // The guest gives up waiting for the AP by itself; leave it time to say so.
+    let status = vmm.wait(2 * DEADLINE);
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(serial).unwrap_or_default();
+    let status = status
+        .unwrap_or_else(|| panic!("kata-vmm did not exit; serial: {serial:?}; stderr: {stderr}"));
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("2 vCPU(s)"), "{stderr}");
+    assert_eq!(
+        serial, "MP cpus=00000002 ioapic=fec00000\nAP 1\nap up\n",
+        "stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("reset the machine through the i8042"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn sigterm_stops_a_running_guest() {
     if !kvm_available() {
         return;

@@ -883,3 +883,168 @@ msg_disk_end:
 "#
     )
 }
+
+/// Where the SMP guest copies its 16-bit AP trampoline: a page below 1 MiB that the VMM
+/// leaves free (layout.rs: the boot page tables end at 0xc000, the command line starts at
+/// 0x20000). Its page number is the STARTUP IPI vector.
+pub const AP_TRAMPOLINE: u32 = 0x10000;
+
+/// PVH guest for `"vcpus": 2`: the boot vCPU scans the first KiB of the EBDA for the MP
+/// floating pointer, follows it to the configuration table, checks its checksum, counts the
+/// processor entries and finds the IOAPIC, and prints "MP cpus=N ioapic=ADDR". It then copies
+/// a real-mode trampoline to [`AP_TRAMPOLINE`] and starts vCPU 1 (APIC id 1) with INIT,
+/// STARTUP, STARTUP through the local APIC's ICR. The AP prints "AP" and its APIC id from
+/// CPUID, sets a flag in the trampoline page and halts with interrupts off; the boot vCPU
+/// waits for the flag (bounded by the TSC), prints "ap up" (or "ap timeout") and resets.
+pub fn smp_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    cld
+    # The floating pointer: "_MP_" on a 16-byte boundary in 0x9fc00..0xa0000.
+    mov $0x9fc00, %esi
+1:  cmpl $0x5f504d5f, (%esi)
+    je found_mpf
+    add $16, %esi
+    cmp $0xa0000, %esi
+    jb 1b
+    lea msg_no_mpf, %ebx
+    call puts
+    jmp reset
+found_mpf:
+    mov 4(%esi), %esi
+    cmpl $0x504d4350, (%esi)
+    jne no_pcmp
+    # The base table's bytes sum to 0.
+    movzwl 4(%esi), %ecx
+    mov %esi, %edi
+    xor %eax, %eax
+2:  addb (%edi), %al
+    inc %edi
+    dec %ecx
+    jnz 2b
+    test %al, %al
+    jnz bad_sum
+    # Walk the entries: processors are 20 bytes, all others 8.
+    movzwl 34(%esi), %ecx
+    lea 44(%esi), %edi
+    xor %ebp, %ebp
+3:  movzbl (%edi), %eax
+    test %eax, %eax
+    jnz 4f
+    inc %ebp
+    add $20, %edi
+    jmp 6f
+4:  cmp $2, %eax
+    jne 5f
+    mov 4(%edi), %eax
+    mov %eax, ioapic_addr
+5:  add $8, %edi
+6:  dec %ecx
+    jnz 3b
+    lea msg_cpus, %ebx
+    call puts
+    mov %ebp, %eax
+    call hex32
+    lea msg_ioapic, %ebx
+    call puts
+    mov ioapic_addr, %eax
+    call hex32
+    mov $'\n', %al
+    out %al, %dx
+
+    # Start vCPU 1 at the trampoline.
+    lea tramp_start, %esi
+    mov ${AP_TRAMPOLINE}, %edi
+    mov $(tramp_end - tramp_start), %ecx
+    rep movsb
+    movl $0, {AP_TRAMPOLINE} + 0x800
+    movl $0x01000000, 0xfee00310
+    movl $0x00004500, 0xfee00300
+    call icr_idle
+    mov $2, %ebp
+7:  movl $0x01000000, 0xfee00310
+    movl $(0x00004600 | ({AP_TRAMPOLINE} >> 12)), 0xfee00300
+    call icr_idle
+    dec %ebp
+    jnz 7b
+
+    # Wait for the AP's flag, for at most 2^35 TSC ticks (seconds).
+    rdtsc
+    mov %edx, %ebp
+    add $8, %ebp
+8:  cmpl $1, {AP_TRAMPOLINE} + 0x800
+    je ap_up
+    pause
+    rdtsc
+    cmp %ebp, %edx
+    jb 8b
+    lea msg_timeout, %ebx
+    call puts
+    jmp reset
+ap_up:
+    lea msg_ap_up, %ebx
+    call puts
+    jmp reset
+
+# Waits until the ICR's delivery status bit clears.
+icr_idle:
+    testl $0x1000, 0xfee00300
+    jnz icr_idle
+    ret
+
+no_pcmp:
+    lea msg_no_pcmp, %ebx
+    call puts
+    jmp reset
+bad_sum:
+    lea msg_bad_sum, %ebx
+    call puts
+    jmp reset
+
+# The AP starts here in real mode, CS = {AP_TRAMPOLINE} >> 4, IP = 0.
+    .code16
+tramp_start:
+    cli
+    mov %cs, %ax
+    mov %ax, %ds
+    # CPUID.1:EBX[31:24], the initial APIC id (one digit is enough here).
+    mov $1, %eax
+    cpuid
+    shr $24, %ebx
+    mov $0x3f8, %dx
+    mov $'A', %al
+    out %al, %dx
+    mov $'P', %al
+    out %al, %dx
+    mov $' ', %al
+    out %al, %dx
+    mov %bl, %al
+    add $'0', %al
+    out %al, %dx
+    mov $'\n', %al
+    out %al, %dx
+    movl $1, 0x800
+9:  hlt
+    jmp 9b
+tramp_end:
+    .code32
+
+{SERIAL_HELPERS}
+    .align 4
+ioapic_addr: .long 0
+msg_cpus: .asciz "MP cpus="
+msg_ioapic: .asciz " ioapic="
+msg_ap_up: .asciz "ap up\n"
+msg_timeout: .asciz "ap timeout\n"
+msg_no_mpf: .asciz "no _MP_\n"
+msg_no_pcmp: .asciz "no PCMP\n"
+msg_bad_sum: .asciz "bad PCMP checksum\n"
+{PVH_NOTE}
+"#
+    )
+}

@@ -112,6 +112,10 @@ impl Vcpu {
     }
 
     /// Sets CPUID, MSRs, FPU, registers (entering at `entry` by `protocol`) and LAPIC.
+    ///
+    /// With the in-kernel LAPIC only vCPU 0 starts running: KVM holds the others until the
+    /// guest sends them INIT and STARTUP IPIs, which reset their registers to real mode at
+    /// the guest's trampoline (the guest finds them in the MP table).
     pub fn configure(
         &self,
         vm: &Vm,
@@ -152,6 +156,10 @@ impl Vcpu {
                     }
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    // Only a lone vCPU can be found dead this way: with several, another
+                    // one may still wake this one by INIT/SIPI or NMI (an AP parked in
+                    // `cli; hlt`), and their states cannot be read at one instant. An SMP
+                    // guest ends by a reset or a power-off instead.
                     if ctx.cpu_count == 1 && self.halted_for_good() {
                         ctx.exit
                             .request(0, "the guest halted with interrupts disabled");

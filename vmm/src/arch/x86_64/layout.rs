@@ -9,7 +9,8 @@
 //!              Firecracker: Linux builds its own tables before touching MMIO; a 64-bit
 //!              test guest cannot reach the MMIO gap, a PVH one (paging off) can)
 //! 0x0002_0000  kernel command line
-//! 0x0009_fc00  EBDA (not RAM in the e820 map)
+//! 0x0009_fc00  EBDA (not RAM in the e820 map): its first KiB holds the MP floating pointer
+//!              and the MP configuration table (vCPUs, IOAPIC, IRQ routing)
 //! 0x0010_0000  high memory: the kernel is loaded here or above
 //!   ...        initrd at the top of low memory
 //! 0xd000_0000  virtio-mmio devices, 4 KiB each (the 32-bit MMIO gap up to 4 GiB)
@@ -50,6 +51,11 @@ pub const CMDLINE_MAX_SIZE: usize = 2048;
 
 /// Start of the extended BIOS data area; RAM below it is usable by the guest.
 pub const EBDA_START: u64 = 0x9fc00;
+/// The MP floating pointer, followed by the MP configuration table: the first KiB of the
+/// EBDA, where Linux looks for them.
+pub const MPTABLE_START: u64 = EBDA_START;
+/// Room for the MP floating pointer and configuration table.
+pub const MPTABLE_MAX_SIZE: usize = 0x400;
 /// Start of high memory; the kernel is loaded at or above it.
 pub const HIMEM_START: u64 = 0x100000;
 
@@ -59,6 +65,11 @@ pub const MMIO_MEM_START: u64 = 0xd000_0000;
 pub const FIRST_ADDR_PAST_32BITS: u64 = 1 << 32;
 /// Size of one virtio-mmio device window.
 pub const MMIO_DEVICE_SIZE: u64 = 0x1000;
+
+/// The in-kernel IOAPIC's registers.
+pub const IOAPIC_START: u64 = 0xfec0_0000;
+/// The in-kernel local APICs' registers (the architectural default base).
+pub const LAPIC_START: u64 = 0xfee0_0000;
 
 /// KVM's TSS (three pages), just below the BIOS area at the top of 4 GiB.
 pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;

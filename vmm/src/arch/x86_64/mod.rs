@@ -1,9 +1,11 @@
-//! x86_64 boot: guest RAM layout, the e820 map, the Linux zero page and the PVH start info.
+//! x86_64 boot: guest RAM layout, the e820 map, the Linux zero page, the PVH start info and
+//! the MP table.
 
 pub mod cpuid;
 pub mod gdt;
 pub mod interrupts;
 pub mod layout;
+pub mod mptable;
 pub mod msr;
 pub mod regs;
 
@@ -48,6 +50,17 @@ pub enum BootError {
     /// The PVH start info could not be written.
     #[error("Cannot write the PVH start info: {0}")]
     StartInfo(#[source] linux_loader::configurator::Error),
+    /// The MP table cannot describe this many vCPUs in the space reserved for it.
+    #[error("The MP table cannot describe {count} vCPUs: it holds 1 to {max} in the first KiB of the EBDA.")]
+    MpTableCpuCount {
+        /// The vCPUs asked for.
+        count: u8,
+        /// The most that fit.
+        max: usize,
+    },
+    /// The MP table could not be written.
+    #[error("Cannot write the MP table: {0}")]
+    MpTable(#[source] vm_memory::GuestMemoryError),
 }
 
 /// Where an initrd was placed in guest memory.
@@ -140,14 +153,16 @@ pub fn build_boot_params(
     params
 }
 
-/// Writes the zero page at [`ZERO_PAGE_START`].
+/// Writes the zero page at [`ZERO_PAGE_START`] and the MP table for `cpu_count` vCPUs.
 pub fn configure_linux_boot(
     mem: &GuestMemoryMmap,
     cmdline_addr: GuestAddress,
     cmdline_size: usize,
     initrd: Option<InitrdConfig>,
+    cpu_count: u8,
 ) -> Result<(), BootError> {
     check_size(mem)?;
+    mptable::setup_mptable(mem, cpu_count)?;
     let params = build_boot_params(
         mem,
         cmdline_addr,
@@ -161,13 +176,16 @@ pub fn configure_linux_boot(
     .map_err(BootError::ZeroPage)
 }
 
-/// Writes the PVH `hvm_start_info`, its memory map and module list.
+/// Writes the PVH `hvm_start_info`, its memory map and module list, and the MP table for
+/// `cpu_count` vCPUs.
 pub fn configure_pvh_boot(
     mem: &GuestMemoryMmap,
     cmdline_addr: GuestAddress,
     initrd: Option<InitrdConfig>,
+    cpu_count: u8,
 ) -> Result<(), BootError> {
     check_size(mem)?;
+    mptable::setup_mptable(mem, cpu_count)?;
     let mut start_info = hvm_start_info {
         magic: XEN_HVM_START_MAGIC_VALUE,
         version: 1,
@@ -237,7 +255,7 @@ mod tests {
             address: GuestAddress(0x700_0000),
             size: 0x1234,
         };
-        configure_linux_boot(&mem, GuestAddress(0x20000), 100, Some(initrd)).unwrap();
+        configure_linux_boot(&mem, GuestAddress(0x20000), 100, Some(initrd), 1).unwrap();
         let z = ZERO_PAGE_START;
         let read32 = |off: u64| mem.read_obj::<u32>(GuestAddress(z + off)).unwrap();
         // Offsets from the kernel's Documentation/arch/x86/zero-page.rst and boot.rst.
@@ -266,6 +284,12 @@ mod tests {
         assert_eq!(read32(0x2d0 + 16), E820_RAM);
         assert_eq!((e(2, 0), e(2, 8)), (MMIO_MEM_START, 0x3000_0000));
         assert_eq!(read32(0x2d0 + 2 * 20 + 16), E820_RESERVED);
+        // The MP table is written too.
+        assert_eq!(
+            mem.read_obj::<[u8; 4]>(GuestAddress(layout::MPTABLE_START))
+                .unwrap(),
+            *b"_MP_"
+        );
     }
 
     #[test]
@@ -291,7 +315,7 @@ mod tests {
             address: GuestAddress(0x300_0000),
             size: 0x42,
         };
-        configure_pvh_boot(&mem, GuestAddress(0x20000), Some(initrd)).unwrap();
+        configure_pvh_boot(&mem, GuestAddress(0x20000), Some(initrd), 2).unwrap();
         let p = PVH_INFO_START;
         let r32 = |off: u64| mem.read_obj::<u32>(GuestAddress(p + off)).unwrap();
         let r64 = |off: u64| mem.read_obj::<u64>(GuestAddress(p + off)).unwrap();
@@ -306,5 +330,18 @@ mod tests {
         assert_eq!(m64(PVH_MODLIST_START), 0x300_0000);
         assert_eq!(m64(PVH_MODLIST_START + 8), 0x42);
         assert_eq!(m64(PVH_MEMMAP_START + 24 + 8), (64 << 20) - HIMEM_START);
+        assert_eq!(
+            mem.read_obj::<[u8; 4]>(GuestAddress(layout::MPTABLE_START))
+                .unwrap(),
+            *b"_MP_"
+        );
+    }
+
+    #[test]
+    fn too_many_vcpus_for_the_mp_table_fail_the_boot() {
+        let mem = mem(64 << 20);
+        let err = configure_pvh_boot(&mem, GuestAddress(0x20000), None, u8::MAX).unwrap_err();
+        assert!(matches!(err, BootError::MpTableCpuCount { count: 255, .. }));
+        assert!(configure_linux_boot(&mem, GuestAddress(0x20000), 1, None, 200).is_err());
     }
 }
