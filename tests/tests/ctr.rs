@@ -16,16 +16,28 @@ fn host_kernel() -> String {
 #[test]
 fn runs_in_the_guest_kernel_and_exit_codes_propagate() {
     let c = Containerd::start("kernel");
-    let out = c.run("k1", &["--rm"], &["uname", "-r"]);
+    let out = c.run("k1", &["--rm"], &["sh", "-c", "uname -r; date +%s"]);
     assert!(
         out.status.success(),
         "ctr run failed: {}\n{}",
         stderr(&out),
         c.log_tail()
     );
-    let guest = stdout(&out).trim().to_string();
+    let text = stdout(&out);
+    let mut lines = text.lines();
+    let guest = lines.next().unwrap_or("").trim().to_string();
     assert!(!guest.is_empty(), "no output; stderr: {}", stderr(&out));
     assert_ne!(guest, host_kernel(), "the container saw the host kernel");
+    // The guest has the host's date (not 1970): TLS, logs and make depend on it.
+    let guest_now: u64 = lines.next().unwrap_or("").trim().parse().unwrap_or(0);
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        guest_now.abs_diff(host_now) < 300,
+        "guest clock {guest_now} vs host {host_now}"
+    );
     assert_no_leftovers("k1");
 
     let out = c.run("k2", &["--rm"], &["sh", "-c", "exit 3"]);
