@@ -4,7 +4,9 @@
 pub mod bus;
 pub mod i8042;
 pub mod mmio;
+pub mod net;
 pub mod notifier;
 pub mod rng;
 pub mod serial;
+pub mod tap;
 pub mod vsock_mmio;
