@@ -30,6 +30,7 @@ use crate::devices::bus::{Bus, BusError};
 use crate::devices::fs::FsDevice;
 use crate::devices::i8042::I8042Device;
 use crate::devices::mmio::{MmioError, MmioTransport, VirtioDevice, QUEUE_NOTIFY_OFFSET};
+use crate::devices::net::NetDevice;
 use crate::devices::notifier::{NotifierError, QueueNotifier};
 use crate::devices::rng::RngDevice;
 use crate::devices::serial::SerialDevice;
@@ -338,6 +339,18 @@ impl Vmm {
         }
 
         // virtio-net: one device per tap (config.net).
+        for net in &config.net {
+            let device = NetDevice::from_config(net).map_err(|e| BuildError::Device {
+                what: format!("virtio-net on tap {}", net.tap),
+                reason: e.to_string(),
+            })?;
+            let mac = device.mac().map(|b| format!("{b:02x}")).join(":");
+            log(
+                "info",
+                &format!("virtio-net on tap {} with guest MAC {mac}", net.tap),
+            );
+            virtio.push(Box::new(device));
+        }
 
         let mut cmdline =
             Cmdline::new(CMDLINE_MAX_SIZE).map_err(|e| BuildError::Cmdline(e.to_string()))?;

@@ -3,7 +3,8 @@
 //!
 //! kata-vmm, read in this order: [`config`] (vmm.json) → [`builder`] (assembles and runs a
 //! VM) → [`vstate`] (memory, VM, vCPUs) → [`arch`] (layout, boot protocol, registers,
-//! CPUID) → [`devices`] (buses, serial, i8042, virtio-mmio, rng, vsock glue, block).
+//! CPUID) → [`devices`] (buses, serial, i8042, virtio-mmio, rng, vsock glue, virtio-fs
+//! through vhost-user, block, net on a tap).
 //! [`check`] is `kata-vmm check`; [`seccomp`] and [`signals`] confine and stop the process.
 pub mod vsock;
 

@@ -4,6 +4,7 @@
 //! instructions per second. Deadlines are generous; timings are never asserted.
 
 mod guests;
+mod net;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -371,6 +372,94 @@ fn vsock_stream_between_host_socket_and_guest() {
     let serial = std::fs::read_to_string(&serial).unwrap();
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert_eq!(serial, "vsock ready\ngot: ping\n", "stderr: {stderr}");
+}
+
+/// Whether this process can create taps (root with a working tun driver).
+fn taps_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Path::new("/dev/net/tun").exists()
+}
+
+#[test]
+fn net_frames_between_an_af_packet_socket_and_the_guest() {
+    if !kvm_available() || !taps_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "net", &net_frame_guest());
+    // kata-vmm creates the tap, and it goes away when kata-vmm exits (or is killed).
+    let tap = format!("kvb{}", std::process::id());
+    let guest_mac = [0x02, 0, 0, 0, 0, 0x0a];
+    let (mut vmm, serial) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "net": [{ "tap": tap, "mac": "02:00:00:00:00:0a" }] }),
+    );
+    // The guest says when its queues are set up; the tap exists by then.
+    let start = Instant::now();
+    while !std::fs::read_to_string(&serial)
+        .unwrap_or_default()
+        .contains("net ready")
+    {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "guest not ready: {}",
+            vmm.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    net::link_up(&tap);
+    let sock = net::PacketSocket::bind(&tap, DEADLINE);
+    sock.send(&net::frame(
+        guest_mac,
+        [0x02, 0, 0, 0, 0, 0x0b],
+        b"ping from host",
+    ));
+    let reply = sock.recv();
+    assert_eq!(
+        reply,
+        net::frame([0xff; 6], guest_mac, b"hello from guest"),
+        "stderr: {}",
+        vmm.stderr()
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    let serial = std::fs::read_to_string(&serial).unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(
+        stderr.contains("virtio_mmio.device=4K@0xd0001000:6"),
+        "{stderr}"
+    );
+    // 40 = the 12-byte header, 14 bytes of Ethernet header and the 14-byte payload.
+    assert_eq!(
+        serial, "net ready mac=02000000000a\ngot 00000028 ping from host\nsent\n",
+        "stderr: {stderr}"
+    );
+    assert!(!net::interface_exists(&tap), "the tap outlived kata-vmm");
+}
+
+#[test]
+fn a_bad_tap_name_fails_the_build_with_a_sentence() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = build_guest(dir.path(), "reset", &reset_guest());
+    let (mut vmm, _) = start_vmm(
+        dir.path(),
+        &kernel,
+        "",
+        serde_json::json!({ "net": [{ "tap": "a/b" }] }),
+    );
+    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
+    let stderr = vmm.stderr();
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("Cannot set up the virtio-net on tap a/b: The tap name"),
+        "{stderr}"
+    );
 }
 
 #[test]

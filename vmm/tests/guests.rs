@@ -1048,3 +1048,171 @@ msg_bad_sum: .asciz "bad PCMP checksum\n"
 "#
     )
 }
+
+/// PVH guest that drives virtio-net (second device) by hand: accepts MAC, sets up rx (4
+/// buffers of 2 KiB) and tx queues, prints "net ready mac=<mac from config space>", waits for
+/// the first received frame of EtherType 0x88b5 and prints its used length and payload as
+/// "got <len> <payload>", then transmits "hello from guest" to the broadcast address from its
+/// MAC with the same EtherType, prints "sent" once the frame is used, and resets.
+pub fn net_frame_guest() -> String {
+    format!(
+        r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    cld
+    movl $1, 0xd0001070
+    movl $3, 0xd0001070
+    movl $0, 0xd0001024
+    movl $0x20, 0xd0001020
+    movl $1, 0xd0001024
+    movl $1, 0xd0001020
+    movl $11, 0xd0001070
+    # rx: queue 0
+    movl $0, 0xd0001030
+    movl $8, 0xd0001038
+    movl $0x200000, 0xd0001080
+    movl $0x201000, 0xd0001090
+    movl $0x202000, 0xd00010a0
+    movl $1, 0xd0001044
+    # tx: queue 1
+    movl $1, 0xd0001030
+    movl $8, 0xd0001038
+    movl $0x204000, 0xd0001080
+    movl $0x205000, 0xd0001090
+    movl $0x206000, 0xd00010a0
+    movl $1, 0xd0001044
+    movl $15, 0xd0001070
+    # rx descriptors i = 0..3: 2 KiB device-writable buffers at 0x210000 + i * 2 KiB
+    xor %ecx, %ecx
+1:  mov %ecx, %eax
+    shl $11, %eax
+    add $0x210000, %eax
+    mov %ecx, %edi
+    shl $4, %edi
+    mov %eax, 0x200000(%edi)
+    movl $0, 0x200004(%edi)
+    movl $2048, 0x200008(%edi)
+    movw $2, 0x20000c(%edi)
+    movw $0, 0x20000e(%edi)
+    movw %cx, 0x201004(,%ecx,2)
+    inc %ecx
+    cmp $4, %ecx
+    jne 1b
+    movw $4, 0x201002
+    movl $0, 0xd0001050
+    lea msg_ready, %ebx
+    call puts
+    xor %ebp, %ebp
+2:  movzbl 0xd0001100(%ebp), %eax
+    call hex8
+    inc %ebp
+    cmp $6, %ebp
+    jne 2b
+    mov $'\n', %al
+    out %al, %dx
+
+    # the first frame of our EtherType (big endian 0x88b5 after two MACs and the header)
+3:  call next_rx
+    cmpw $0xb588, 24(%edi)
+    jne 3b
+    lea msg_got, %ebx
+    call puts
+    mov %ebp, %eax
+    call hex32
+    mov $' ', %al
+    out %al, %dx
+    lea 26(%edi), %ebx
+    lea (%edi,%ebp), %ecx
+4:  cmp %ecx, %ebx
+    jae 5f
+    movb (%ebx), %al
+    out %al, %dx
+    inc %ebx
+    jmp 4b
+5:  mov $'\n', %al
+    out %al, %dx
+
+    # transmit at 0x220000: zero header, broadcast, our MAC, EtherType, greeting
+    movl $0, 0x220000
+    movl $0, 0x220004
+    movl $0, 0x220008
+    movl $0xffffffff, 0x22000c
+    movw $0xffff, 0x220010
+    xor %ebp, %ebp
+6:  movb 0xd0001100(%ebp), %al
+    movb %al, 0x220012(%ebp)
+    inc %ebp
+    cmp $6, %ebp
+    jne 6b
+    movw $0xb588, 0x220018
+    lea msg_hello, %esi
+    mov $0x22001a, %edi
+    mov $(msg_hello_end - msg_hello), %ecx
+    rep movsb
+    movl $0x220000, 0x204000
+    movl $0, 0x204004
+    movl $(26 + msg_hello_end - msg_hello), 0x204008
+    movw $0, 0x20400c
+    movw $0, 0x20400e
+    movw $0, 0x205004
+    movw $1, 0x205002
+    movl $1, 0xd0001050
+    mov $2000000, %ecx
+7:  cmpw $1, 0x206002
+    je 8f
+    dec %ecx
+    jnz 7b
+    lea msg_tx_timeout, %ebx
+    call puts
+    jmp reset
+8:  lea msg_sent, %ebx
+    call puts
+    jmp reset
+
+# Waits for the next used rx entry: its buffer in %edi, its length in %ebp.
+next_rx:
+    movzwl rx_last, %eax
+9:  cmpw %ax, 0x202002
+    je 9b
+    mov %eax, %ecx
+    and $7, %ecx
+    mov 0x202004(,%ecx,8), %edx
+    mov 0x202008(,%ecx,8), %ebp
+    shl $11, %edx
+    lea 0x210000(%edx), %edi
+    inc %eax
+    mov %ax, rx_last
+    ret
+
+# Prints %al as two hex digits; clobbers %eax/%ecx/%edx/%esi.
+hex8:
+    mov %eax, %esi
+    shl $24, %esi
+    mov $2, %ecx
+    mov $0x3f8, %dx
+1:  rol $4, %esi
+    mov %esi, %eax
+    and $0xf, %eax
+    cmp $10, %al
+    jb 2f
+    add $('a' - 10 - '0'), %al
+2:  add $'0', %al
+    out %al, %dx
+    dec %ecx
+    jnz 1b
+    ret
+{SERIAL_HELPERS}
+rx_last: .word 0
+msg_ready: .asciz "net ready mac="
+msg_got: .asciz "got "
+msg_sent: .asciz "sent\n"
+msg_tx_timeout: .asciz "tx timeout\n"
+msg_hello: .ascii "hello from guest"
+msg_hello_end:
+{PVH_NOTE}
+"#
+    )
+}

@@ -76,6 +76,14 @@ pub trait VirtioDevice: Send {
     fn host_event_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether the device thread watches the host event fd edge-triggered. Such a device
+    /// must consume everything pending on each report (or until its queues are full, then
+    /// resume from the queue notification that brings new buffers), because readiness that
+    /// persists is not reported again: a level-triggered fd that the device cannot drain
+    /// would spin the device thread.
+    fn host_event_edge_triggered(&self) -> bool {
+        false
+    }
     /// The host event fd is readable; true if buffers were used.
     fn process_host_event(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> bool {
         let _ = (queues, mem);
@@ -229,6 +237,11 @@ impl MmioTransport {
     /// The device's host event fd, if it has one.
     pub fn host_event_fd(&self) -> Option<RawFd> {
         self.device.host_event_fd()
+    }
+
+    /// Whether the device wants its host event fd watched edge-triggered.
+    pub fn host_event_edge_triggered(&self) -> bool {
+        self.device.host_event_edge_triggered()
     }
 
     fn signal_used(&mut self) {
