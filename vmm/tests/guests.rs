@@ -74,6 +74,42 @@ reset:
     jmp 5b
 "#;
 
+/// Assembly that brings up the virtio-mmio device at `base` as a driver does: ACKNOWLEDGE,
+/// DRIVER, accepts `features` (VERSION_1 is bit 32), FEATURES_OK, sets up `queues` queues of
+/// 8 entries (queue q: descriptor table at 0x200000 + q * 0x4000, available ring 0x1000 and
+/// used ring 0x2000 above it), then DRIVER_OK.
+pub fn virtio_bring_up(base: u32, features: u64, queues: u32) -> String {
+    let reg = |offset: u32| format!("{:#x}", base + offset);
+    let mut asm = format!(
+        "    movl $1, {status}\n    movl $3, {status}\n",
+        status = reg(0x70)
+    );
+    for (select, word) in [(0u32, features as u32), (1, (features >> 32) as u32)] {
+        asm += &format!(
+            "    movl ${select}, {}\n    movl ${word:#x}, {}\n",
+            reg(0x24),
+            reg(0x20)
+        );
+    }
+    asm += &format!("    movl $11, {}\n", reg(0x70));
+    for q in 0..queues {
+        let desc = 0x200000 + q * 0x4000;
+        asm += &format!(
+            "    movl ${q}, {}\n    movl $8, {}\n    movl ${desc:#x}, {}\n    \
+             movl ${:#x}, {}\n    movl ${:#x}, {}\n    movl $1, {}\n",
+            reg(0x30),
+            reg(0x38),
+            reg(0x80),
+            desc + 0x1000,
+            reg(0x90),
+            desc + 0x2000,
+            reg(0xa0),
+            reg(0x44)
+        );
+    }
+    asm + &format!("    movl $15, {}\n", reg(0x70))
+}
+
 /// 64-bit Linux boot protocol guest: checks EFER.LMA, prints "LM ", the e820 entry count
 /// from the zero page (at %rsi), then the command line at the zero page's cmd_line_ptr,
 /// then resets through the i8042.
@@ -196,21 +232,7 @@ _start:
     mov 0xd0000008, %eax
     call hex32
 
-    # virtio handshake: ACKNOWLEDGE, DRIVER, VERSION_1, FEATURES_OK
-    movl $1, 0xd0000070
-    movl $3, 0xd0000070
-    movl $1, 0xd0000024
-    movl $1, 0xd0000020
-    movl $11, 0xd0000070
-    # queue 0: 8 entries at 0x200000 (desc), 0x201000 (avail), 0x202000 (used)
-    movl $0, 0xd0000030
-    movl $8, 0xd0000038
-    movl $0x200000, 0xd0000080
-    movl $0x201000, 0xd0000090
-    movl $0x202000, 0xd00000a0
-    movl $1, 0xd0000044
-    movl $15, 0xd0000070
-    lea msg_status, %ebx
+{bring_up}    lea msg_status, %ebx
     call puts
     mov 0xd0000070, %eax
     call hex32
@@ -263,7 +285,8 @@ msg_bad: .asciz "BAD PVH MAGIC\n"
     .asciz "Xen"
     .align 4
     .quad _start
-"#
+"#,
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1)
     )
 }
 
@@ -321,27 +344,7 @@ pub fn vsock_echo_guest() -> String {
     .globl _start
 _start:
     mov $0x8ff0, %esp
-    movl $1, 0xd0001070
-    movl $3, 0xd0001070
-    movl $1, 0xd0001024
-    movl $1, 0xd0001020
-    movl $11, 0xd0001070
-    # rx: queue 0
-    movl $0, 0xd0001030
-    movl $8, 0xd0001038
-    movl $0x200000, 0xd0001080
-    movl $0x201000, 0xd0001090
-    movl $0x202000, 0xd00010a0
-    movl $1, 0xd0001044
-    # tx: queue 1
-    movl $1, 0xd0001030
-    movl $8, 0xd0001038
-    movl $0x204000, 0xd0001080
-    movl $0x205000, 0xd0001090
-    movl $0x206000, 0xd00010a0
-    movl $1, 0xd0001044
-    movl $15, 0xd0001070
-    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
+{bring_up}    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
     xor %ecx, %ecx
 1:  mov %ecx, %eax
     shl $12, %eax
@@ -465,7 +468,8 @@ msg_fail: .asciz "vsock FAILED\n"
 msg_hello: .ascii "hello from guest\n"
 msg_hello_end:
 {PVH_NOTE}
-"#
+"#,
+        bring_up = virtio_bring_up(0xd000_1000, 1 << 32, 2)
     )
 }
 
@@ -480,29 +484,8 @@ pub fn virtio_fs_guest() -> String {
     .globl _start
 _start:
     mov $0x8ff0, %esp
-    movl $1, 0xd0000070
-    movl $3, 0xd0000070
-    movl $1, 0xd0000024
-    movl $1, 0xd0000020
-    movl $0, 0xd0000024
-    movl $0, 0xd0000020
-    movl $11, 0xd0000070
-    # hiprio: queue 0
-    movl $0, 0xd0000030
-    movl $8, 0xd0000038
-    movl $0x200000, 0xd0000080
-    movl $0x201000, 0xd0000090
-    movl $0x202000, 0xd00000a0
-    movl $1, 0xd0000044
-    # requests: queue 1
-    movl $1, 0xd0000030
-    movl $8, 0xd0000038
-    movl $0x204000, 0xd0000080
-    movl $0x205000, 0xd0000090
-    movl $0x206000, 0xd00000a0
-    movl $1, 0xd0000044
-    movl $15, 0xd0000070
-    lea msg_status, %ebx
+    # queue 0: high priority, queue 1: requests
+{bring_up}    lea msg_status, %ebx
     call puts
     mov 0xd0000070, %eax
     call hex32
@@ -649,7 +632,8 @@ msg_open: .asciz " open="
 msg_read: .asciz " read="
 msg_data: .asciz "\ndata: "
 {PVH_NOTE}
-"#
+"#,
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 2)
     )
 }
 
@@ -721,21 +705,8 @@ _start:
     mov 0xd0000008, %eax
     call hex32
 
-    # handshake: ACKNOWLEDGE, DRIVER, VERSION_1 only, FEATURES_OK
-    movl $1, 0xd0000070
-    movl $3, 0xd0000070
-    movl $1, 0xd0000024
-    movl $1, 0xd0000020
-    movl $11, 0xd0000070
-    # queue 0: 8 entries at 0x200000 (desc), 0x201000 (avail), 0x202000 (used)
-    movl $0, 0xd0000030
-    movl $8, 0xd0000038
-    movl $0x200000, 0xd0000080
-    movl $0x201000, 0xd0000090
-    movl $0x202000, 0xd00000a0
-    movl $1, 0xd0000044
-    movl $15, 0xd0000070
-    lea msg_status, %ebx
+    # VERSION_1 only
+{bring_up}    lea msg_status, %ebx
     call puts
     mov 0xd0000070, %eax
     call hex32
@@ -880,7 +851,8 @@ msg_len: .asciz " len="
 msg_disk: .ascii "{BLOCK_GUEST_TEXT}"
 msg_disk_end:
 {PVH_NOTE}
-"#
+"#,
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1)
     )
 }
 
@@ -1063,29 +1035,8 @@ pub fn net_frame_guest() -> String {
 _start:
     mov $0x8ff0, %esp
     cld
-    movl $1, 0xd0001070
-    movl $3, 0xd0001070
-    movl $0, 0xd0001024
-    movl $0x20, 0xd0001020
-    movl $1, 0xd0001024
-    movl $1, 0xd0001020
-    movl $11, 0xd0001070
-    # rx: queue 0
-    movl $0, 0xd0001030
-    movl $8, 0xd0001038
-    movl $0x200000, 0xd0001080
-    movl $0x201000, 0xd0001090
-    movl $0x202000, 0xd00010a0
-    movl $1, 0xd0001044
-    # tx: queue 1
-    movl $1, 0xd0001030
-    movl $8, 0xd0001038
-    movl $0x204000, 0xd0001080
-    movl $0x205000, 0xd0001090
-    movl $0x206000, 0xd00010a0
-    movl $1, 0xd0001044
-    movl $15, 0xd0001070
-    # rx descriptors i = 0..3: 2 KiB device-writable buffers at 0x210000 + i * 2 KiB
+    # VERSION_1 and MAC; queue 0: rx, queue 1: tx
+{bring_up}    # rx descriptors i = 0..3: 2 KiB device-writable buffers at 0x210000 + i * 2 KiB
     xor %ecx, %ecx
 1:  mov %ecx, %eax
     shl $11, %eax
@@ -1213,6 +1164,7 @@ msg_tx_timeout: .asciz "tx timeout\n"
 msg_hello: .ascii "hello from guest"
 msg_hello_end:
 {PVH_NOTE}
-"#
+"#,
+        bring_up = virtio_bring_up(0xd000_1000, (1 << 32) | (1 << 5), 2)
     )
 }

@@ -415,8 +415,14 @@ impl VirtioDevice for NetDevice {
     }
 }
 
+// The AF_PACKET and link helpers the boot tests use too.
+#[cfg(test)]
+#[path = "../../tests/net/mod.rs"]
+mod host_net;
+
 #[cfg(test)]
 mod tests {
+    use super::host_net::{self, link_up, PacketSocket};
     use super::*;
     use crate::devices::bus::BusDevice;
     use crate::devices::mmio::tests::{read32, test_mem, write32, AVAIL, DESC, USED};
@@ -426,15 +432,11 @@ mod tests {
     };
     use crate::devices::notifier::QueueNotifier;
     use crate::devices::tap::tests::{taps_available, unique_name};
-    use std::ffi::CString;
-    use std::os::fd::{FromRawFd, OwnedFd};
     use std::sync::{Arc, Mutex};
     use vm_memory::GuestAddress;
     use vmm_sys_util::epoll::EpollEvent;
     use vmm_sys_util::eventfd::EventFd;
 
-    /// A local experimental EtherType: nothing else on the tap speaks it.
-    const ETHERTYPE: u16 = 0x88b5;
     const GUEST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
     const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
     const RING_SIZE: u16 = 16;
@@ -500,110 +502,6 @@ mod tests {
         }
     }
 
-    /// An AF_PACKET socket on one interface that sends and receives [`ETHERTYPE`] frames.
-    struct PacketSocket {
-        fd: OwnedFd,
-    }
-
-    impl PacketSocket {
-        fn bind(ifname: &str) -> Self {
-            let cname = CString::new(ifname).unwrap();
-            // SAFETY: `cname` is a NUL-terminated string.
-            let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-            assert_ne!(ifindex, 0, "no interface {ifname}");
-            let proto = ETHERTYPE.to_be();
-            // SAFETY: socket(2) with constant arguments.
-            let raw = unsafe {
-                libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    i32::from(proto),
-                )
-            };
-            assert!(raw >= 0, "{}", std::io::Error::last_os_error());
-            // SAFETY: `raw` is a new socket that nothing else owns.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
-            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = ifindex as i32;
-            // SAFETY: the address is a sockaddr_ll of the given size, valid for the call.
-            let rc = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sll as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                )
-            };
-            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-            let timeout = libc::timeval {
-                tv_sec: 10,
-                tv_usec: 0,
-            };
-            // SAFETY: SO_RCVTIMEO reads a timeval of the given size.
-            let rc = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&timeout as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                )
-            };
-            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-            PacketSocket { fd }
-        }
-
-        fn send(&self, frame: &[u8]) {
-            // SAFETY: the buffer is valid for reads of its length.
-            let n =
-                unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-            assert_eq!(
-                n,
-                frame.len() as isize,
-                "{}",
-                std::io::Error::last_os_error()
-            );
-        }
-
-        fn recv(&self) -> Vec<u8> {
-            let mut buf = vec![0u8; 4096];
-            // SAFETY: the buffer is valid for writes of its length.
-            let n =
-                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            assert!(n >= 0, "no frame: {}", std::io::Error::last_os_error());
-            buf.truncate(n as usize);
-            buf
-        }
-    }
-
-    /// Disables IPv6 on `name` (no router solicitations or MLD reports on the tap) and
-    /// brings it up.
-    fn link_up(name: &str) {
-        // Absent when IPv6 is off on the host, which is just as quiet.
-        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
-        // SAFETY: socket(2) with constant arguments.
-        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        assert!(raw >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: `raw` is a new socket that nothing else owns.
-        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ifreq is plain data; all zeroes is valid.
-        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (dst, src) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
-            *dst = src as libc::c_char;
-        }
-        // SAFETY: SIOCGIFFLAGS fills the flags of the ifreq, valid for the call.
-        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: SIOCGIFFLAGS set the flags member of the union.
-        let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
-        // SAFETY: SIOCSIFFLAGS reads the ifreq, valid for the call.
-        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-    }
-
     /// Waits (up to 10 s) until `fd` is readable.
     fn wait_readable(fd: RawFd) -> bool {
         let mut pfd = libc::pollfd {
@@ -629,16 +527,10 @@ mod tests {
     /// An Ethernet frame of [`ETHERTYPE`] with `len` bytes in all, payload bytes counting
     /// up from `seed`.
     fn frame(dst: [u8; 6], src: [u8; 6], len: usize, seed: u8) -> Vec<u8> {
-        let mut f = Vec::with_capacity(len);
-        f.extend_from_slice(&dst);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&ETHERTYPE.to_be_bytes());
-        let mut b = seed;
-        while f.len() < len {
-            f.push(b);
-            b = b.wrapping_add(1);
-        }
-        f
+        let payload: Vec<u8> = (0..len.saturating_sub(14))
+            .map(|i| seed.wrapping_add(i as u8))
+            .collect();
+        host_net::frame(dst, src, &payload)
     }
 
     /// A virtio-net device on a fresh, up tap, activated with both queues, and an AF_PACKET
@@ -670,7 +562,7 @@ mod tests {
             )
             .unwrap();
             link_up(&name);
-            let sock = PacketSocket::bind(&name);
+            let sock = PacketSocket::bind(&name, std::time::Duration::from_secs(10));
             let rx = Ring::new(DESC, AVAIL, USED);
             let tx = Ring::new(0x4000, 0x5000, 0x6000);
             activate(&mut t, &[&rx, &tx]);

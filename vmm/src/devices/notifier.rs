@@ -49,11 +49,9 @@ impl QueueNotifier {
     pub fn add(&mut self, transport: &Arc<Mutex<MmioTransport>>) -> Result<(), NotifierError> {
         let (evts, host_fd, edge): (Vec<EventFd>, _, _) = match transport.lock() {
             // A vhost-user backend reads these itself.
-            Ok(t) if t.queues_served_elsewhere() => (
-                Vec::new(),
-                t.host_event_fd(),
-                t.host_event_edge_triggered(),
-            ),
+            Ok(t) if t.queues_served_elsewhere() => {
+                (Vec::new(), t.host_event_fd(), t.host_event_edge_triggered())
+            }
             Ok(t) => (
                 t.queue_evts()
                     .iter()

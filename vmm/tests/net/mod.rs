@@ -1,5 +1,7 @@
 //! Host-side helpers for tests with a tap: bring an interface up quietly, and send and
 //! receive frames of a local experimental EtherType on it through an AF_PACKET socket.
+//! Also compiled into the net device's unit tests (`#[path]`), which use part of it.
+#![allow(dead_code)]
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
