@@ -110,6 +110,34 @@ pub fn virtio_bring_up(base: u32, features: u64, queues: u32) -> String {
     asm + &format!("    movl $15, {}\n", reg(0x70))
 }
 
+/// Assembly that offers queue 0 (as set up by [`virtio_bring_up`]) `count` device-writable
+/// buffers of `1 << shift` bytes at 0x210000 and up, one descriptor each, and notifies the
+/// device at `base`. Clobbers %eax, %ecx, %edi.
+pub fn post_rx_buffers(base: u32, count: u32, shift: u32) -> String {
+    format!(
+        r#"    xor %ecx, %ecx
+1:  mov %ecx, %eax
+    shl ${shift}, %eax
+    add $0x210000, %eax
+    mov %ecx, %edi
+    shl $4, %edi
+    mov %eax, 0x200000(%edi)
+    movl $0, 0x200004(%edi)
+    movl ${size}, 0x200008(%edi)
+    movw $2, 0x20000c(%edi)
+    movw $0, 0x20000e(%edi)
+    movw %cx, 0x201004(,%ecx,2)
+    inc %ecx
+    cmp ${count}, %ecx
+    jne 1b
+    movw ${count}, 0x201002
+    movl $0, {notify:#x}
+"#,
+        size = 1u32 << shift,
+        notify = base + 0x50
+    )
+}
+
 /// 64-bit Linux boot protocol guest: checks EFER.LMA, prints "LM ", the e820 entry count
 /// from the zero page (at %rsi), then the command line at the zero page's cmd_line_ptr,
 /// then resets through the i8042.
@@ -286,7 +314,7 @@ msg_bad: .asciz "BAD PVH MAGIC\n"
     .align 4
     .quad _start
 "#,
-        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1)
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1),
     )
 }
 
@@ -345,24 +373,7 @@ pub fn vsock_echo_guest() -> String {
 _start:
     mov $0x8ff0, %esp
 {bring_up}    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
-    xor %ecx, %ecx
-1:  mov %ecx, %eax
-    shl $12, %eax
-    add $0x210000, %eax
-    mov %ecx, %edi
-    shl $4, %edi
-    mov %eax, 0x200000(%edi)
-    movl $0, 0x200004(%edi)
-    movl $4096, 0x200008(%edi)
-    movw $2, 0x20000c(%edi)
-    movw $0, 0x20000e(%edi)
-    movw %cx, 0x201004(,%ecx,2)
-    inc %ecx
-    cmp $8, %ecx
-    jne 1b
-    movw $8, 0x201002
-    movl $0, 0xd0001050
-    lea msg_ready, %ebx
+{rx_buffers}    lea msg_ready, %ebx
     call puts
 
     call next_rx
@@ -469,7 +480,8 @@ msg_hello: .ascii "hello from guest\n"
 msg_hello_end:
 {PVH_NOTE}
 "#,
-        bring_up = virtio_bring_up(0xd000_1000, 1 << 32, 2)
+        bring_up = virtio_bring_up(0xd000_1000, 1 << 32, 2),
+        rx_buffers = post_rx_buffers(0xd000_1000, 8, 12),
     )
 }
 
@@ -633,7 +645,7 @@ msg_read: .asciz " read="
 msg_data: .asciz "\ndata: "
 {PVH_NOTE}
 "#,
-        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 2)
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 2),
     )
 }
 
@@ -852,7 +864,7 @@ msg_disk: .ascii "{BLOCK_GUEST_TEXT}"
 msg_disk_end:
 {PVH_NOTE}
 "#,
-        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1)
+        bring_up = virtio_bring_up(0xd000_0000, 1 << 32, 1),
     )
 }
 
@@ -1037,24 +1049,7 @@ _start:
     cld
     # VERSION_1 and MAC; queue 0: rx, queue 1: tx
 {bring_up}    # rx descriptors i = 0..3: 2 KiB device-writable buffers at 0x210000 + i * 2 KiB
-    xor %ecx, %ecx
-1:  mov %ecx, %eax
-    shl $11, %eax
-    add $0x210000, %eax
-    mov %ecx, %edi
-    shl $4, %edi
-    mov %eax, 0x200000(%edi)
-    movl $0, 0x200004(%edi)
-    movl $2048, 0x200008(%edi)
-    movw $2, 0x20000c(%edi)
-    movw $0, 0x20000e(%edi)
-    movw %cx, 0x201004(,%ecx,2)
-    inc %ecx
-    cmp $4, %ecx
-    jne 1b
-    movw $4, 0x201002
-    movl $0, 0xd0001050
-    lea msg_ready, %ebx
+{rx_buffers}    lea msg_ready, %ebx
     call puts
     xor %ebp, %ebp
 2:  movzbl 0xd0001100(%ebp), %eax
@@ -1165,6 +1160,7 @@ msg_hello: .ascii "hello from guest"
 msg_hello_end:
 {PVH_NOTE}
 "#,
-        bring_up = virtio_bring_up(0xd000_1000, (1 << 32) | (1 << 5), 2)
+        bring_up = virtio_bring_up(0xd000_1000, (1 << 32) | (1 << 5), 2),
+        rx_buffers = post_rx_buffers(0xd000_1000, 4, 11),
     )
 }
