@@ -39,7 +39,8 @@ pub fn build_guest(dir: &Path, name: &str, source: &str) -> PathBuf {
 }
 
 /// Serial helpers shared by the guests: `puts` prints the NUL-terminated string at
-/// (%rbx or %ebx), `hex32` prints %eax as 8 hex digits. Both clobber %eax/%ecx/%edx.
+/// (%rbx or %ebx), `hex32` prints %eax as 8 hex digits, `hex8` %al as 2. They clobber
+/// %eax/%ecx/%edx (the hex ones %esi too).
 pub const SERIAL_HELPERS: &str = r#"
 puts:
     mov $0x3f8, %dx
@@ -51,9 +52,14 @@ puts:
     jmp 1b
 2:  ret
 
+hex8:
+    shl $24, %eax
+    mov $2, %ecx
+    jmp hex_digits
 hex32:
-    mov %eax, %esi
     mov $8, %ecx
+hex_digits:
+    mov %eax, %esi
     mov $0x3f8, %dx
 3:  rol $4, %esi
     mov %esi, %eax
@@ -1133,23 +1139,6 @@ next_rx:
     mov %ax, rx_last
     ret
 
-# Prints %al as two hex digits; clobbers %eax/%ecx/%edx/%esi.
-hex8:
-    mov %eax, %esi
-    shl $24, %esi
-    mov $2, %ecx
-    mov $0x3f8, %dx
-1:  rol $4, %esi
-    mov %esi, %eax
-    and $0xf, %eax
-    cmp $10, %al
-    jb 2f
-    add $('a' - 10 - '0'), %al
-2:  add $'0', %al
-    out %al, %dx
-    dec %ecx
-    jnz 1b
-    ret
 {SERIAL_HELPERS}
 rx_last: .word 0
 msg_ready: .asciz "net ready mac="
