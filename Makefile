@@ -7,6 +7,7 @@ TARGET := x86_64-unknown-linux-gnu
 AGENT_BIN := target/$(TARGET)/release/kata-agent
 SHIM_BIN := target/release/containerd-shim-kata-v2
 VSOCK_BIN := target/release/kata-vsock
+VMM_BIN := target/release/kata-vmm
 GUEST_CACHE ?= /var/cache/kata-guest
 INITRD := $(GUEST_CACHE)/kata-initrd.img
 IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
@@ -14,7 +15,7 @@ PREFIX ?= /usr/local
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent shim vsock install-vsock guest kernel initrd image install demo test lint
+.PHONY: all setup build agent shim vsock vmm install-vsock guest kernel initrd image install demo test lint
 
 all: build
 
@@ -27,11 +28,15 @@ shim:
 agent:
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p kata-agent --target $(TARGET)
 
-build: shim agent vsock
+build: shim agent vsock vmm
 
 # kata-vsock, the vhost-user vsock backend QEMU uses (config: hypervisor.qemu.vsock_backend).
 vsock:
 	$(CARGO) build --release -p vmm --bin kata-vsock
+
+# kata-vmm, the builtin VMM (config: hypervisor.builtin.path, hypervisor_name = "builtin").
+vmm:
+	$(CARGO) build --release -p vmm --bin kata-vmm
 
 # The default vsock_backend is $(PREFIX)/bin/kata-vsock.
 install-vsock: vsock
@@ -52,6 +57,7 @@ guest: kernel initrd
 # Installs the runtime where containerd and the default configuration expect it.
 install: build guest install-vsock
 	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
+	install -D -m 0755 $(VMM_BIN) $(PREFIX)/bin/kata-vmm
 	install -D -m 0644 "$$(bash guest/build-kernel.sh)" /usr/share/kata-containers/vmlinux
 	install -D -m 0644 $(INITRD) /usr/share/kata-containers/kata-initrd.img
 	install -D -m 0644 config/configuration.toml /usr/share/defaults/kata-containers/configuration.toml

@@ -82,7 +82,7 @@ impl Daemon<'_> {
 }
 
 /// Whether a process is gone and, when we reaped it ourselves, how it ended.
-pub(crate) fn exit_description(pid: i32) -> Option<String> {
+pub fn exit_description(pid: i32) -> Option<String> {
     if pid <= 0 {
         return Some("has no valid pid".into());
     }

@@ -31,6 +31,8 @@ pub struct VmInfo {
     pub helper_pids: Vec<i32>,
     /// The guest's serial console output.
     pub console_log: PathBuf,
+    /// The VMM's own stdout and stderr (why it exited, if it did).
+    pub vmm_log: PathBuf,
     /// `kvm` or `tcg`, as chosen.
     pub accelerator: String,
 }

@@ -18,6 +18,8 @@ pub enum AgentError {
         timeout: Duration,
         last: String,
     },
+    #[error("the VM stopped before its agent answered: the VMM (pid {pid}) {how}")]
+    VmmExited { pid: i32, how: String },
     #[error("agent request {op} failed: {source}")]
     Rpc {
         op: &'static str,
@@ -85,10 +87,15 @@ impl Agent {
         socket: &Path,
         port: u32,
         timeout: Duration,
+        vmm_pid: i32,
     ) -> Result<(Self, CheckResponse)> {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
         while start.elapsed() < timeout {
+            // A VMM that died will not start an agent: say so now, not at the deadline.
+            if let Some(how) = hypervisor::process::exit_description(vmm_pid) {
+                return Err(AgentError::VmmExited { pid: vmm_pid, how });
+            }
             // Every attempt has its own short deadline, so an unanswered request cannot
             // stall the dial. (vhost-device-vsock 0.3 loses a request sent before the guest
             // driver is ready and then answers no more; our kata-vsock queues it.)
@@ -382,5 +389,26 @@ mod tests {
         assert!(err.to_string().contains("FAILED"), "{err}");
         server.await.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_vmm_that_exited_ends_the_dial_at_once() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let _ = child.wait();
+        let err = match Agent::dial(
+            Path::new("/nonexistent/kata.hvsock"),
+            1024,
+            Duration::from_secs(30),
+            pid,
+        )
+        .await
+        {
+            Err(e) => e,
+            Ok(_) => panic!("dialled an agent that does not exist"),
+        };
+        assert!(matches!(err, AgentError::VmmExited { .. }), "{err}");
+        // Not DialTimeout: the dial did not wait for its deadline.
+        assert!(err.to_string().contains(&format!("pid {pid}")), "{err}");
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hypervisor::{Hypervisor, VmConfig, VmInfo};
 use slog::{debug, info, warn, Logger};
 
-use crate::agent::Agent;
+use crate::agent::{Agent, AgentError};
 use crate::mount::{self, SharedDirs};
 use crate::persist::{self, SandboxState};
 
@@ -180,12 +180,24 @@ impl Sandbox {
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-        let (agent, check) = Agent::dial(&info.agent_socket, protocols::AGENT_VSOCK_PORT, timeout)
-            .await
-            .map_err(|e| {
-                let tail = hypervisor::process::log_tail(&info.console_log);
-                SandboxError::Agent(e, tail)
-            })?;
+        let (agent, check) = Agent::dial(
+            &info.agent_socket,
+            protocols::AGENT_VSOCK_PORT,
+            timeout,
+            info.vmm_pid,
+        )
+        .await
+        .map_err(|e| {
+            let mut tail = hypervisor::process::log_tail(&info.console_log);
+            if matches!(e, AgentError::VmmExited { .. }) {
+                tail.push_str(&format!(
+                    "\nlast lines of the VMM's log {}:\n{}",
+                    info.vmm_log.display(),
+                    hypervisor::process::log_tail(&info.vmm_log)
+                ));
+            }
+            SandboxError::Agent(e, tail)
+        })?;
         info!(log, "phase: agent reachable"; "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
         Ok((agent, info))

@@ -3,8 +3,8 @@
 //! leak checks every case ends with.
 //!
 //! `make test` provides the inputs through the environment: `KATA_TEST_KERNEL`,
-//! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2` and
-//! `kata-vsock`) and
+//! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2`,
+//! `kata-vsock` and `kata-vmm`) and
 //! `KATA_TEST_IMAGE` (the busybox image archive).
 
 use std::path::{Path, PathBuf};
@@ -32,21 +32,46 @@ pub struct Containerd {
     conf_file: PathBuf,
 }
 
+/// The VMM backend a test's runtime configuration selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// QEMU microvm (the default).
+    Qemu,
+    /// kata-vmm, from `KATA_TEST_SHIM_DIR`; the agent gets `dial_timeout` seconds.
+    Builtin { dial_timeout: u32 },
+}
+
+/// The runtime configuration of a test: our kernel, initrd and binaries, debug logs.
+fn configuration(backend: Backend) -> String {
+    let (kernel, initrd, bin) = (
+        env("KATA_TEST_KERNEL"),
+        env("KATA_TEST_INITRD"),
+        env("KATA_TEST_SHIM_DIR"),
+    );
+    match backend {
+        Backend::Qemu => format!(
+            "[hypervisor.qemu]\nkernel = \"{kernel}\"\ninitrd = \"{initrd}\"\n\
+             vsock_backend = \"{bin}/kata-vsock\"\n[runtime]\nenable_debug = true\n"
+        ),
+        Backend::Builtin { dial_timeout } => format!(
+            "[hypervisor.builtin]\npath = \"{bin}/kata-vmm\"\nkernel = \"{kernel}\"\n\
+             initrd = \"{initrd}\"\n[agent.kata]\ndial_timeout = {dial_timeout}\n\
+             [runtime]\nenable_debug = true\nhypervisor_name = \"builtin\"\n"
+        ),
+    }
+}
+
 impl Containerd {
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, Backend::Qemu)
+    }
+
+    /// A private containerd whose runtime uses `backend`.
+    pub fn start_with(name: &str, backend: Backend) -> Self {
         let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("creating the test dir");
         let conf_file = dir.join("configuration.toml");
-        std::fs::write(
-            &conf_file,
-            format!(
-                "[hypervisor.qemu]\nkernel = \"{}\"\ninitrd = \"{}\"\nvsock_backend = \"{}/kata-vsock\"\n[runtime]\nenable_debug = true\n",
-                env("KATA_TEST_KERNEL"),
-                env("KATA_TEST_INITRD"),
-                env("KATA_TEST_SHIM_DIR")
-            ),
-        )
-        .expect("writing the test configuration");
+        std::fs::write(&conf_file, configuration(backend)).expect("writing the test configuration");
         let path_env = format!(
             "{}:{}",
             env("KATA_TEST_SHIM_DIR"),
@@ -137,9 +162,14 @@ impl Containerd {
         self.ctr(&refs)
     }
 
+    /// The whole containerd log, with the shim's lines.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
     /// The containerd log (where the shim's log lines land), for failure messages.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let text = self.log();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }

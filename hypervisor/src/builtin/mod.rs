@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use kata_config::BuiltinConfig;
 use slog::{info, o, warn, Logger};
 
+use crate::accel::{self, Accel};
 use crate::process::{
     exit_description, kill_and_reap_async, live_helpers, stop_started, Daemon, POLL, STOP_GRACE,
 };
@@ -115,6 +116,9 @@ pub struct Builtin {
     config: BuiltinConfig,
     logger: Logger,
     running: Option<Running>,
+    /// Refuse to start where KVM cannot run guests at full speed (off only in tests, which
+    /// boot tiny guests on an emulated KVM).
+    require_full_speed: bool,
 }
 
 struct Running {
@@ -129,6 +133,7 @@ impl Builtin {
             config,
             logger: logger.new(o!("hypervisor" => "builtin")),
             running: None,
+            require_full_speed: true,
         }
     }
 
@@ -149,6 +154,27 @@ impl Builtin {
 }
 
 impl Builtin {
+    /// Fails unless KVM runs guests at full speed: on an emulated KVM the guest kernel
+    /// would crawl until the agent's dial timeout, and the user would learn nothing. Uses
+    /// the accelerator probe the QEMU backend uses (cached per boot).
+    async fn check_kvm(&self) -> Result<(), Error> {
+        let logger = self.logger.clone();
+        let choice = tokio::task::spawn_blocking(move || {
+            accel::choose(kata_config::Accelerator::Auto, &logger)
+        })
+        .await
+        .map_err(|e| Error::Unsupported(format!("the KVM probe failed: {e}")))?;
+        if choice.accel == Accel::Kvm {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "the builtin VMM needs a KVM that runs guests at full speed, and this host's does \
+             not ({}); run `kata-vmm check` for details, or set hypervisor_name = \"qemu\" \
+             under [runtime], which falls back to TCG",
+            choice.reason
+        )))
+    }
+
     /// Starts virtiofsd, then kata-vmm, pushing each pid to `started` as soon as it exists.
     async fn launch(
         &self,
@@ -227,6 +253,9 @@ impl Hypervisor for Builtin {
             return Err(Error::AlreadyRunning(r.vmm_pid));
         }
         self.check_files()?;
+        if self.require_full_speed {
+            self.check_kvm().await?;
+        }
         let started_at = Instant::now();
         let layout = BuiltinLayout::new(&cfg.run_dir);
         remove_stale(&layout)?;
@@ -242,6 +271,7 @@ impl Hypervisor for Builtin {
                     vmm_pid: pid,
                     helper_pids: helper_pids.clone(),
                     console_log: layout.console_log.clone(),
+                    vmm_log: layout.vmm_log.clone(),
                     accelerator: "kvm".into(),
                 };
                 self.running = Some(Running {

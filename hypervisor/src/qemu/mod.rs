@@ -186,6 +186,7 @@ impl Hypervisor for Qemu {
                     vmm_pid,
                     helper_pids: helper_pids.clone(),
                     console_log: layout.console_log.clone(),
+                    vmm_log: layout.qemu_log.clone(),
                     accelerator: choice.accel.as_str().into(),
                 };
                 self.running = Some(Running {
