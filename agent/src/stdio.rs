@@ -12,10 +12,11 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, Mutex};
 
-/// Bytes read from the fd at a time.
-const CHUNK: usize = 128 * 1024;
+/// Bytes read from the fd at a time: as much as the pipe holds, so that a fast writer
+/// costs one read (and one wake-up) per pipe-full under TCG, where every syscall is dear.
+const CHUNK: usize = 1024 * 1024;
 /// Chunks queued before the reader stops reading (so at most 2 MiB per stream).
-const QUEUE: usize = 16;
+const QUEUE: usize = 2;
 /// Pipe buffer asked for a container's output (the default is 64 KiB): a process that
 /// writes in bursts blocks less often while the shim's read is in flight.
 pub const PIPE_SIZE: i32 = 1 << 20;
@@ -101,15 +102,29 @@ impl OutputStream {
 }
 
 async fn read_chunk(fd: &AsyncFd<OwnedFd>) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = vec![0u8; CHUNK];
+    // Not zeroed: read(2) fills what it returns, and only that becomes the length. Zeroing
+    // a large buffer for every read would cost a small write as much as a full one.
+    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
     loop {
         let mut guard = fd.readable().await?;
         match guard.try_io(|inner| {
-            nix::unistd::read(inner.get_ref().as_raw_fd(), &mut buf).map_err(io::Error::from)
+            // SAFETY: the pointer and length describe `buf`'s unused capacity, which read(2)
+            // may write; the fd is open for as long as `inner` is borrowed.
+            let n =
+                unsafe { libc::read(inner.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), CHUNK) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
         }) {
             Ok(Ok(0)) => return Ok(None),
             Ok(Ok(n)) => {
-                buf.truncate(n);
+                // SAFETY: read(2) initialised the first `n <= CHUNK` bytes.
+                unsafe { buf.set_len(n) };
+                if n < CHUNK / 2 {
+                    buf.shrink_to_fit(); // a line of output does not pin a whole chunk
+                }
                 return Ok(Some(buf));
             }
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -171,11 +186,24 @@ mod tests {
 
     #[tokio::test]
     async fn queued_chunks_go_out_together_and_in_order() {
-        let data: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
-        let s = stream_of(&data).await;
-        // Let the reader queue several chunks.
+        let data: Vec<u8> = (0..(CHUNK + 300_000) as u32)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        let mut w = std::fs::File::from(w);
+        // A full chunk waits in the pipe before the reader starts, so its first read is
+        // a whole chunk; the rest becomes a second chunk behind it.
+        io::Write::write_all(&mut w, &data[..CHUNK]).unwrap();
+        let s = OutputStream::start(async_fd(r).unwrap());
+        let rest = data[CHUNK..].to_vec();
+        // On a blocking thread: the reader task needs this (single-threaded) runtime to
+        // drain the pipe meanwhile.
+        tokio::task::spawn_blocking(move || io::Write::write_all(&mut w, &rest).unwrap())
+            .await
+            .unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let first = s.read(1 << 20).await;
+        let first = s.read(4 * CHUNK).await;
         assert!(
             first.len() > CHUNK,
             "one reply carried only {} bytes",
@@ -183,7 +211,7 @@ mod tests {
         );
         let mut all = first;
         loop {
-            let more = s.read(1 << 20).await;
+            let more = s.read(4 * CHUNK).await;
             if more.is_empty() {
                 break;
             }

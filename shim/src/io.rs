@@ -22,6 +22,8 @@ use crate::agent::Agent;
 /// ttrpc's 4 MiB message limit.
 const READ_CHUNK: u32 = 1 << 20;
 const WRITE_CHUNK: usize = 128 << 10;
+/// Replies read ahead of the fifo: enough to keep one request in flight while writing.
+const READS_AHEAD: usize = 1;
 
 /// The fifo paths containerd gave for one process (empty = not wanted).
 #[derive(Debug, Clone, Default)]
@@ -141,18 +143,32 @@ fn spawn_output(
             Some(path) => open_output_fifo(path, name, &log).await,
             None => None,
         };
-        let mut total: u64 = 0;
-        loop {
-            let data = match agent.read_stream(&cid, &exec_id, stderr, READ_CHUNK).await {
-                Ok(d) => d,
-                Err(e) => {
-                    warn!(log, "reading {name} from the guest failed"; "container" => &cid, "exec" => &exec_id, "error" => %e);
-                    break;
+        // The next read is in flight while a chunk is written to the fifo: the round trip
+        // to the guest overlaps containerd's reading, and the guest never waits for it.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(READS_AHEAD);
+        let reader = {
+            let (log, cid, exec_id) = (log.clone(), cid.clone(), exec_id.clone());
+            tokio::spawn(async move {
+                loop {
+                    match agent.read_stream(&cid, &exec_id, stderr, READ_CHUNK).await {
+                        Ok(data) if data.is_empty() => break,
+                        Ok(data) => {
+                            if tx.send(data).await.is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            warn!(log, "reading {name} from the guest failed"; "container" => &cid, "exec" => &exec_id, "error" => %e);
+                            break;
+                        }
+                    }
                 }
-            };
-            if data.is_empty() {
-                break;
-            }
+            })
+        };
+        // If this relay is aborted (its process removed), the read ahead goes with it.
+        let _reader_guard = AbortOnDrop(reader.abort_handle());
+        let mut total: u64 = 0;
+        while let Some(data) = rx.recv().await {
             total += data.len() as u64;
             if let Some(f) = fifo.as_mut() {
                 // The fifo applies containerd's back-pressure to the guest.
@@ -162,8 +178,18 @@ fn spawn_output(
                 }
             }
         }
+        let _ = reader.await;
         debug!(log, "{name} relay done"; "container" => &cid, "exec" => &exec_id, "bytes" => total);
     })
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Opens an output fifo for writing; containerd holds the read side open already, so the
