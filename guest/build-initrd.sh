@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Packs a statically linked guest init (the kata-agent) into a gzip'd newc cpio initrd.
+# Packs a statically linked guest init (the kata-agent) into an uncompressed newc cpio
+# initrd. Uncompressed on purpose: the file is ~2.6 MB instead of ~1.1 MB, but the guest
+# kernel unpacks it in ~35 ms instead of ~185 ms under TCG (inflate is all guest CPU).
 #
 #   guest/build-initrd.sh AGENT_BINARY OUTPUT.img
 #
@@ -19,7 +21,7 @@ output=$2
 
 [ -f "$agent" ] || die "agent binary '$agent' does not exist or is not a regular file"
 [ -r "$agent" ] || die "agent binary '$agent' is not readable"
-for tool in readelf cpio gzip mknod; do
+for tool in readelf cpio mknod; do
     command -v "$tool" >/dev/null || die "'$tool' not found in PATH"
 done
 [ "$(id -u)" = 0 ] || die "must run as root (creates device nodes /dev/console and /dev/null)"
@@ -70,7 +72,7 @@ out_tmp=$(mktemp "$out_dir/.$(basename -- "$output").XXXXXX")
     cd "$root"
     find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort |
         cpio --quiet -o -H newc -R 0:0 --reproducible
-) | gzip -n -6 >"$out_tmp"
+) >"$out_tmp"
 chmod 0644 "$out_tmp"
 mv -f "$out_tmp" "$output"
 out_tmp=""

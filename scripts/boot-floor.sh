@@ -27,8 +27,13 @@ marker='floor-init: up'
 command -v "$QEMU" >/dev/null || die "'$QEMU' not found (scripts/setup-host.sh installs QEMU 10 from bookworm-backports)"
 # -cpu max under TCG; under KVM "max" sets MSRs a nested KVM may refuse (QEMU aborts with
 # "failed to set MSR 0x10a"), so KVM gets -cpu host. FLOOR_CPU overrides.
+tcg_params=""
 case "$accel" in
-tcg) cpu=${FLOOR_CPU:-max} ;;
+tcg)
+    cpu=${FLOOR_CPU:-max}
+    # As the runtime boots under TCG (hypervisor/src/qemu/cmdline.rs, TCG_KERNEL_PARAMS).
+    tcg_params="init_on_alloc=1 nolapic_timer"
+    ;;
 kvm)
     [ -r /dev/kvm ] && [ -w /dev/kvm ] || die "accel kvm asked for but /dev/kvm is not usable"
     cpu=${FLOOR_CPU:-host}
@@ -42,7 +47,7 @@ esac
 # defaults. Measured with QEMU 10/TCG and our kernel: pit=off panics ("IO-APIC + timer
 # doesn't work"), pit=off,pic=off hangs, rtc=off adds about 1 s, pic=off changes nothing.
 machine_opts=${FLOOR_MACHINE_OPTS:-x-option-roms=off,isa-serial=on}
-cmdline="console=ttyS0 reboot=t panic=-1 quiet${FLOOR_APPEND:+ $FLOOR_APPEND}"
+cmdline="console=ttyS0 reboot=t panic=-1 quiet${tcg_params:+ $tcg_params}${FLOOR_APPEND:+ $FLOOR_APPEND}"
 
 log=$(mktemp "${TMPDIR:-/tmp}/boot-floor.XXXXXX")
 trap 'rm -f "$log"' EXIT

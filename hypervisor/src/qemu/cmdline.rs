@@ -31,7 +31,11 @@ pub struct QemuLaunch<'a> {
 /// own mapping of guest memory, so a page that once held translated code could run stale
 /// translations once reused for a file's text (container binaries crashed at random).
 /// Zeroing every page on allocation is a guest CPU write, which drops those translations.
-pub const TCG_KERNEL_PARAMS: &str = "init_on_alloc=1";
+///
+/// `nolapic_timer`: under TCG the kernel calibrates and verifies the local APIC timer
+/// against the PIT, about 220 ms of every boot; the PIT serves as the clock event device
+/// instead. (Under KVM the LAPIC timer needs no calibration and stays.)
+pub const TCG_KERNEL_PARAMS: &str = "init_on_alloc=1 nolapic_timer";
 
 /// The guest kernel command line.
 pub fn kernel_cmdline(config: &QemuConfig, accel: Accel, debug: bool) -> String {
@@ -184,7 +188,7 @@ virtio_fs_cache = "never"
              -object memory-backend-memfd,id=mem,size=256M,share=on \
              -nodefaults -no-user-config -nographic -no-reboot \
              -kernel /k/vmlinux -initrd /k/initrd.img \
-             -append console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 agent.log=debug \
+             -append console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 nolapic_timer agent.log=debug \
              -chardev file,id=console,path=/run/vc/sb1/console.log -serial chardev:console \
              -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
              -mon chardev=qmp,mode=control \
@@ -197,7 +201,7 @@ virtio_fs_cache = "never"
         let i = args.iter().position(|a| a == "-append").unwrap();
         assert_eq!(
             args[i + 1],
-            "console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 agent.log=debug"
+            "console=ttyS0 reboot=t panic=-1 quiet init_on_alloc=1 nolapic_timer agent.log=debug"
         );
     }
 
