@@ -7,7 +7,8 @@
 //!
 //! Backends: [`qemu`] spawns `qemu-system-x86_64 -M microvm` with `virtiofsd` and
 //! the vsock backend (`kata-vsock`) as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
-//! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`).
+//! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`) with `virtiofsd` behind
+//! its virtio-fs, and refuses a KVM that cannot run guests at full speed.
 //! [`accel`] decides between KVM and TCG. [`process`] spawns, watches and reaps helper
 //! processes by pid, without relying on `Child::wait` (the shim runs a global SIGCHLD
 //! reaper).
