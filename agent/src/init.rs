@@ -130,19 +130,29 @@ pub fn install_panic_hook(log: Logger) {
     std::panic::set_hook(Box::new(move |info| fatal(&log, &info.to_string())));
 }
 
-/// Set in the environment of the re-executed agent once it runs from a tmpfs root.
-const SWITCHED_ENV: &str = "KATA_AGENT_ROOT_SWITCHED";
+/// Milliseconds since the guest booted (CLOCK_BOOTTIME: needs no /proc, and no wall
+/// clock, which has only the RTC's second resolution at boot).
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
 
-/// Moves PID 1 off the initramfs onto a tmpfs root and re-executes it there.
+/// Moves PID 1 off the initramfs onto a tmpfs root.
 ///
 /// The kernel's initial rootfs can never be unmounted or pivoted away from, so
 /// `pivot_root` into a container rootfs fails with EINVAL while the agent's own root is
 /// that rootfs. A tmpfs moved over `/` is an ordinary mount, and containers can pivot.
-/// Returns only if the switch was not needed or failed (the agent then carries on).
+/// The agent's binary stays where it is, in the initramfs: nothing re-executes it by path
+/// (container stages start from `/proc/self/exe`), so neither a copy nor a re-exec is
+/// needed, which under TCG saved ~60 ms of every boot.
 pub fn leave_initramfs() -> Result<(), String> {
-    if std::env::var_os(SWITCHED_ENV).is_some() {
-        return Ok(());
-    }
     let new_root = Path::new("/newroot");
     let none: Option<&str> = None;
     fs::create_dir_all(new_root).map_err(|e| format!("create {}: {e}", new_root.display()))?;
@@ -158,23 +168,9 @@ pub fn leave_initramfs() -> Result<(), String> {
         fs::create_dir_all(new_root.join(dir))
             .map_err(|e| format!("create /newroot/{dir}: {e}"))?;
     }
-    fs::copy("/init", new_root.join("init"))
-        .map_err(|e| format!("copy /init to the new root: {e}"))?;
-    // Free the initramfs copy; the new root holds the binary from now on.
-    let _ = fs::remove_file("/init");
     std::env::set_current_dir(new_root).map_err(|e| format!("chdir /newroot: {e}"))?;
     mount(Some("."), "/", none, MsFlags::MS_MOVE, none)
         .map_err(|e| format!("move /newroot to /: {e}"))?;
     nix::unistd::chroot(".").map_err(|e| format!("chroot into the new root: {e}"))?;
-    std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
-    let init = std::ffi::CString::new("/init").map_err(|e| e.to_string())?;
-    let args: Vec<std::ffi::CString> = std::env::args()
-        .filter_map(|a| std::ffi::CString::new(a).ok())
-        .collect();
-    let mut env: Vec<std::ffi::CString> = std::env::vars()
-        .filter_map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")).ok())
-        .collect();
-    env.push(std::ffi::CString::new(format!("{SWITCHED_ENV}=1")).map_err(|e| e.to_string())?);
-    let err = nix::unistd::execve(&init, &args, &env).err();
-    Err(format!("re-executing /init from the new root: {err:?}"))
+    std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))
 }

@@ -33,6 +33,7 @@ fn main() {
         }
     };
     if pid1 {
+        let started_ms = init::boot_ms();
         let switched = init::leave_initramfs();
         let mounted = init::mount_base();
         let log = logging::logger(true);
@@ -40,9 +41,13 @@ fn main() {
         if let Err(e) = switched {
             slog::warn!(log, "staying on the initramfs root; containers cannot pivot_root"; "error" => e);
         }
+        let mounted_ms = init::boot_ms();
         if let Err(e) = mounted.and_then(|()| init::mount_shared_dir()) {
             init::fatal(&log, &e);
         }
+        // Where boot time goes, in ms since the kernel started.
+        slog::info!(log, "agent started"; "init_ms" => started_ms,
+            "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms());
         bench_sink::start();
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
         if let Err(e) = serve(&log, &addr, true) {
@@ -104,7 +109,7 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
             .start()
             .await
             .map_err(|e| format!("start ttrpc server on {addr}: {e}"))?;
-        info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr);
+        info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("install SIGTERM handler: {e}"))?;
