@@ -255,13 +255,65 @@ pub(crate) async fn wait_for_sockets(
 /// How long a VMM and its helpers get between SIGTERM and SIGKILL.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// After a failed start: stops, by pid, everything that start had started.
-pub(crate) async fn stop_started(logger: &slog::Logger, error: &Error, started: Vec<i32>) {
+/// Removes files a previous run may have left behind (a missing one is fine).
+pub(crate) fn remove_files(paths: Vec<PathBuf>) -> Result<(), Error> {
+    for path in paths {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::RunDir { path, source: e });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// After a failed start: stops, by pid, everything that start had started, and removes
+/// the files it may have made.
+pub(crate) async fn stop_started(
+    logger: &slog::Logger,
+    error: &Error,
+    started: Vec<i32>,
+    files: Vec<PathBuf>,
+) {
     slog::warn!(logger, "VM start failed; stopping what was started";
         "error" => error.to_string(), "pids" => format!("{started:?}"));
     let survivors = kill_and_reap_async(started, STOP_GRACE).await;
     if !survivors.is_empty() {
         slog::warn!(logger, "processes survived SIGKILL"; "pids" => format!("{survivors:?}"));
+    }
+    let _ = remove_files(files);
+}
+
+/// What a started VM consists of: its processes, VMM first, and the files its stop
+/// removes. Both backends keep one while the VM runs.
+pub(crate) struct RunningVm {
+    pub vmm_pid: i32,
+    pub helper_pids: Vec<i32>,
+    pub files: Vec<PathBuf>,
+}
+
+impl RunningVm {
+    /// Every process, VMM first.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut pids = vec![self.vmm_pid];
+        pids.extend(&self.helper_pids);
+        pids
+    }
+
+    /// Stops every process by pid and removes the files.
+    pub async fn stop(self, logger: &slog::Logger) -> Result<(), Error> {
+        let pids = self.pids();
+        slog::info!(logger, "stopping VM"; "pids" => format!("{pids:?}"));
+        let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
+        if let Err(e) = remove_files(self.files) {
+            slog::warn!(logger, "cannot remove the VM's sockets"; "error" => e.to_string());
+        }
+        if survivors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Survivors { pids: survivors })
+        }
     }
 }
 

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use kata_config::BuiltinConfig;
-use slog::{info, o, warn, Logger};
+use slog::{info, o, Logger};
 
 use crate::accel::{self, Accel};
 use crate::process::{
-    exit_description, kill_and_reap_async, live_helpers, stop_started, Daemon, POLL, STOP_GRACE,
+    exit_description, live_helpers, remove_files, stop_started, Daemon, RunningVm, POLL,
 };
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
@@ -115,16 +115,10 @@ pub fn vmm_config(config: &BuiltinConfig, layout: &BuiltinLayout, debug: bool) -
 pub struct Builtin {
     config: BuiltinConfig,
     logger: Logger,
-    running: Option<Running>,
+    running: Option<RunningVm>,
     /// Refuse to start where KVM cannot run guests at full speed (off only in tests, which
     /// boot tiny guests on an emulated KVM).
     require_full_speed: bool,
-}
-
-struct Running {
-    vmm_pid: i32,
-    helper_pids: Vec<i32>,
-    layout: BuiltinLayout,
 }
 
 impl Builtin {
@@ -213,18 +207,6 @@ impl Builtin {
     }
 }
 
-fn remove_stale(layout: &BuiltinLayout) -> Result<(), Error> {
-    for path in layout.stale_files() {
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::RunDir { path, source: e });
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// Waits for the ready file and the agent socket, kata-vmm's death, or the deadline.
 async fn wait_ready(d: &Daemon<'_>, pid: i32, layout: &BuiltinLayout) -> Result<(), Error> {
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -258,7 +240,7 @@ impl Hypervisor for Builtin {
         }
         let started_at = Instant::now();
         let layout = BuiltinLayout::new(&cfg.run_dir);
-        remove_stale(&layout)?;
+        remove_files(layout.stale_files())?;
         let mut started = Vec::new();
         match self.launch(cfg, &layout, &mut started).await {
             Ok(pid) => {
@@ -274,47 +256,31 @@ impl Hypervisor for Builtin {
                     vmm_log: layout.vmm_log.clone(),
                     accelerator: "kvm".into(),
                 };
-                self.running = Some(Running {
+                self.running = Some(RunningVm {
                     vmm_pid: pid,
                     helper_pids,
-                    layout,
+                    files: layout.stale_files(),
                 });
                 Ok(info)
             }
             Err(e) => {
-                stop_started(&self.logger, &e, started).await;
-                let _ = remove_stale(&layout);
+                stop_started(&self.logger, &e, started, layout.stale_files()).await;
                 Err(e)
             }
         }
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
-        let Some(running) = self.running.take() else {
-            return Ok(());
-        };
-        let mut pids = vec![running.vmm_pid];
-        pids.extend(&running.helper_pids);
-        info!(self.logger, "stopping VM"; "pids" => format!("{pids:?}"));
-        let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
-        if let Err(e) = remove_stale(&running.layout) {
-            warn!(self.logger, "cannot remove stale files"; "error" => e.to_string());
-        }
-        if survivors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Survivors { pids: survivors })
+        match self.running.take() {
+            Some(running) => running.stop(&self.logger).await,
+            None => Ok(()),
         }
     }
 
     fn pids(&self) -> Vec<i32> {
         self.running
             .as_ref()
-            .map(|r| {
-                let mut pids = vec![r.vmm_pid];
-                pids.extend(&r.helper_pids);
-                pids
-            })
+            .map(RunningVm::pids)
             .unwrap_or_default()
     }
 }

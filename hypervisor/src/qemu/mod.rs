@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use kata_config::QemuConfig;
-use slog::{debug, info, o, warn, Logger};
+use slog::{debug, info, o, Logger};
 
 use crate::accel::{self, Accel};
 use crate::process::{
-    exit_description, kill_and_reap_async, live_helpers, stop_started, wait_for_sockets, Daemon,
-    Wait, POLL, STOP_GRACE,
+    exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon,
+    RunningVm, Wait, POLL,
 };
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo};
@@ -42,14 +42,7 @@ const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Qemu {
     config: QemuConfig,
     logger: Logger,
-    running: Option<Running>,
-}
-
-/// What a started VM consists of.
-struct Running {
-    vmm_pid: i32,
-    helper_pids: Vec<i32>,
-    layout: RunDirLayout,
+    running: Option<RunningVm>,
 }
 
 impl Qemu {
@@ -161,7 +154,7 @@ impl Hypervisor for Qemu {
         }
         let started_at = Instant::now();
         let layout = RunDirLayout::new(&cfg.run_dir);
-        remove_stale(&layout)?;
+        remove_files(layout.stale_files())?;
 
         let configured = self.config.accelerator;
         let logger = self.logger.clone();
@@ -189,47 +182,31 @@ impl Hypervisor for Qemu {
                     vmm_log: layout.qemu_log.clone(),
                     accelerator: choice.accel.as_str().into(),
                 };
-                self.running = Some(Running {
+                self.running = Some(RunningVm {
                     vmm_pid,
                     helper_pids,
-                    layout,
+                    files: layout.stale_files(),
                 });
                 Ok(info)
             }
             Err(e) => {
-                stop_started(&self.logger, &e, started).await;
-                let _ = remove_stale(&layout);
+                stop_started(&self.logger, &e, started, layout.stale_files()).await;
                 Err(e)
             }
         }
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
-        let Some(running) = self.running.take() else {
-            return Ok(());
-        };
-        let mut pids = vec![running.vmm_pid];
-        pids.extend(&running.helper_pids);
-        info!(self.logger, "stopping VM"; "pids" => format!("{pids:?}"));
-        let survivors = kill_and_reap_async(pids, STOP_GRACE).await;
-        if let Err(e) = remove_stale(&running.layout) {
-            warn!(self.logger, "cannot remove sockets"; "error" => e.to_string());
-        }
-        if survivors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Survivors { pids: survivors })
+        match self.running.take() {
+            Some(running) => running.stop(&self.logger).await,
+            None => Ok(()),
         }
     }
 
     fn pids(&self) -> Vec<i32> {
         self.running
             .as_ref()
-            .map(|r| {
-                let mut pids = vec![r.vmm_pid];
-                pids.extend(&r.helper_pids);
-                pids
-            })
+            .map(RunningVm::pids)
             .unwrap_or_default()
     }
 }
@@ -240,18 +217,6 @@ fn debug_env(debug: bool) -> Vec<(&'static str, String)> {
     } else {
         Vec::new()
     }
-}
-
-fn remove_stale(layout: &RunDirLayout) -> Result<(), Error> {
-    for path in layout.stale_files() {
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::RunDir { path, source: e });
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// Waits for QEMU's QMP greeting, QEMU's death, or the deadline.
