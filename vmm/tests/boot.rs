@@ -92,21 +92,55 @@ fn start_vmm(
     (VmmProcess { child }, serial)
 }
 
+impl VmmProcess {
+    /// Waits for kata-vmm to exit; its status, serial output (from `serial`) and stderr.
+    fn finish(self, serial: &Path) -> Run {
+        self.finish_within(serial, DEADLINE)
+    }
+
+    fn finish_within(mut self, serial: &Path, deadline: Duration) -> Run {
+        let status = self.wait(deadline);
+        let stderr = self.stderr();
+        let serial = std::fs::read_to_string(serial).unwrap_or_default();
+        let status = status.unwrap_or_else(|| {
+            panic!(
+                "kata-vmm did not exit within {deadline:?}; serial: {serial:?}; stderr: {stderr}"
+            )
+        });
+        Run {
+            status,
+            serial,
+            stderr,
+        }
+    }
+
+    /// Waits until the guest has printed `text` on the serial port.
+    fn wait_for_serial(&mut self, serial: &Path, text: &str) {
+        let start = Instant::now();
+        while !std::fs::read_to_string(serial)
+            .unwrap_or_default()
+            .contains(text)
+        {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the guest never printed {text:?}: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Boots the guest `source` in `dir` with `extra` in its vmm.json, until kata-vmm exits.
+fn boot_in(dir: &Path, source: &str, cmdline: &str, extra: serde_json::Value) -> Run {
+    let kernel = build_guest(dir, "guest", source);
+    let (vmm, serial) = start_vmm(dir, &kernel, cmdline, extra);
+    vmm.finish(&serial)
+}
+
 fn boot(source: &str, cmdline: &str) -> Run {
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "guest", source);
-    let (mut vmm, serial) = start_vmm(dir.path(), &kernel, cmdline, serde_json::json!({}));
-    let status = vmm.wait(DEADLINE);
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
-    let status = status.unwrap_or_else(|| {
-        panic!("kata-vmm did not exit within {DEADLINE:?}; serial: {serial:?}; stderr: {stderr}")
-    });
-    Run {
-        status,
-        serial,
-        stderr,
-    }
+    boot_in(dir.path(), source, cmdline, serde_json::json!({}))
 }
 
 #[test]
@@ -207,18 +241,18 @@ fn smp_guest_finds_the_mp_table_and_starts_its_second_vcpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kernel = build_guest(dir.path(), "smp", &smp_guest());
-    let (mut vmm, serial) = start_vmm(
+    let (vmm, serial) = start_vmm(
         dir.path(),
         &kernel,
         "",
         serde_json::json!({ "vcpus": 2, "rng": false }),
     );
     // The guest gives up waiting for the AP by itself; leave it time to say so.
-    let status = vmm.wait(2 * DEADLINE);
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(serial).unwrap_or_default();
-    let status = status
-        .unwrap_or_else(|| panic!("kata-vmm did not exit; serial: {serial:?}; stderr: {stderr}"));
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = vmm.finish_within(&serial, 2 * DEADLINE);
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(stderr.contains("2 vCPU(s)"), "{stderr}");
     assert_eq!(
@@ -272,17 +306,17 @@ fn vsock_device_is_announced_and_its_socket_listens() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "vsock", &vsock_probe_guest());
     let uds = dir.path().join("kata.hvsock");
-    let (mut vmm, serial) = start_vmm(
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = boot_in(
         dir.path(),
-        &kernel,
+        &vsock_probe_guest(),
         "",
         serde_json::json!({ "vsock": { "guest_cid": 42, "uds_path": uds } }),
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(serial).unwrap();
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(
         stderr.contains("virtio_mmio.device=4K@0xd0001000:6"),
@@ -344,18 +378,7 @@ fn vsock_stream_between_host_socket_and_guest() {
         serde_json::json!({ "vsock": { "guest_cid": 3, "uds_path": uds } }),
     );
     // The guest says when its queues are set up.
-    let start = Instant::now();
-    while !std::fs::read_to_string(&serial)
-        .unwrap_or_default()
-        .contains("vsock ready")
-    {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "guest not ready: {}",
-            vmm.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    vmm.wait_for_serial(&serial, "vsock ready");
     let mut stream = std::os::unix::net::UnixStream::connect(&uds).unwrap();
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
     stream.write_all(b"CONNECT 1024\n").unwrap();
@@ -367,11 +390,13 @@ fn vsock_stream_between_host_socket_and_guest() {
     reader.read_line(&mut line).unwrap();
     assert_eq!(line, "hello from guest\n");
     stream.write_all(b"ping\n").unwrap();
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(&serial).unwrap();
-    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
-    assert_eq!(serial, "vsock ready\ngot: ping\n", "stderr: {stderr}");
+    let run = vmm.finish(&serial);
+    assert_eq!(run.status.code(), Some(0), "stderr: {}", run.stderr);
+    assert_eq!(
+        run.serial, "vsock ready\ngot: ping\n",
+        "stderr: {}",
+        run.stderr
+    );
 }
 
 /// Whether this process can create taps (root with a working tun driver).
@@ -398,18 +423,7 @@ fn net_frames_between_an_af_packet_socket_and_the_guest() {
         serde_json::json!({ "net": [{ "tap": tap, "mac": "02:00:00:00:00:0a" }] }),
     );
     // The guest says when its queues are set up; the tap exists by then.
-    let start = Instant::now();
-    while !std::fs::read_to_string(&serial)
-        .unwrap_or_default()
-        .contains("net ready")
-    {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "guest not ready: {}",
-            vmm.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    vmm.wait_for_serial(&serial, "net ready");
     net::link_up(&tap);
     let sock = net::PacketSocket::bind(&tap, DEADLINE);
     sock.send(&net::frame(
@@ -424,9 +438,11 @@ fn net_frames_between_an_af_packet_socket_and_the_guest() {
         "stderr: {}",
         vmm.stderr()
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(&serial).unwrap();
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = vmm.finish(&serial);
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(
         stderr.contains("virtio_mmio.device=4K@0xd0001000:6"),
@@ -446,15 +462,12 @@ fn a_bad_tap_name_fails_the_build_with_a_sentence() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "reset", &reset_guest());
-    let (mut vmm, _) = start_vmm(
+    let Run { status, stderr, .. } = boot_in(
         dir.path(),
-        &kernel,
+        &reset_guest(),
         "",
         serde_json::json!({ "net": [{ "tap": "a/b" }] }),
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(
         stderr.contains("Cannot set up the virtio-net on tap a/b: The tap name"),
@@ -468,7 +481,6 @@ fn pvh_guest_reads_writes_and_flushes_a_disk() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "blk", &block_guest());
     let disk = dir.path().join("disk.img");
     // Sector 0 holds a string for the guest to print; sector 1 is not zero, so the test
     // sees the guest's whole sector land; a partial fifth sector is not addressable.
@@ -477,18 +489,16 @@ fn pvh_guest_reads_writes_and_flushes_a_disk() {
     image[..text.len()].copy_from_slice(text);
     image[512..].fill(0xee);
     std::fs::write(&disk, &image).unwrap();
-    let (mut vmm, serial) = start_vmm(
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = boot_in(
         dir.path(),
-        &kernel,
+        &block_guest(),
         "",
         serde_json::json!({ "rng": false, "block": [{ "path": disk, "serial": "disk0" }] }),
     );
-    let status = vmm.wait(DEADLINE);
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
-    let status = status.unwrap_or_else(|| {
-        panic!("kata-vmm did not exit within {DEADLINE:?}; serial: {serial:?}; stderr: {stderr}")
-    });
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(
         stderr.contains(r#"cmdline \"virtio_mmio.device=4K@0xd0000000:5\""#),
@@ -516,16 +526,17 @@ fn missing_disk_fails_with_a_sentence_naming_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "reset", &reset_guest());
     let missing = dir.path().join("no-such-disk.img");
-    let (mut vmm, serial) = start_vmm(
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = boot_in(
         dir.path(),
-        &kernel,
+        &reset_guest(),
         "",
         serde_json::json!({ "rng": false, "block": [{ "path": missing }] }),
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     let path = missing.display().to_string();
     assert!(
@@ -534,12 +545,7 @@ fn missing_disk_fails_with_a_sentence_naming_it() {
     );
     assert!(stderr.contains("No such file or directory"), "{stderr}");
     assert!(stderr.contains("Create the image first"), "{stderr}");
-    assert!(
-        std::fs::read_to_string(serial)
-            .unwrap_or_default()
-            .is_empty(),
-        "the guest never ran"
-    );
+    assert!(serial.is_empty(), "the guest never ran");
 }
 
 #[test]
@@ -583,19 +589,19 @@ fn virtio_fs_guest_reads_a_file_through_virtiofsd() {
     std::fs::create_dir(&shared).unwrap();
     std::fs::write(shared.join("hello.txt"), "shared from the host\n").unwrap();
     let daemon = start_virtiofsd(dir.path(), &shared);
-    let kernel = build_guest(dir.path(), "fs", &virtio_fs_guest());
-    let (mut vmm, serial) = start_vmm(
+    let Run {
+        status,
+        serial,
+        stderr,
+    } = boot_in(
         dir.path(),
-        &kernel,
+        &virtio_fs_guest(),
         "",
         serde_json::json!({
             "rng": false,
             "fs": [{ "socket": daemon.socket, "tag": "kataShared" }],
         }),
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
-    let serial = std::fs::read_to_string(&serial).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(
         stderr.contains("virtio_mmio.device=4K@0xd0000000:5"),
@@ -612,16 +618,13 @@ fn virtio_fs_guest_reads_a_file_through_virtiofsd() {
 #[test]
 fn virtio_fs_without_virtiofsd_fails_before_booting() {
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_guest(dir.path(), "reset", &reset_guest());
     let socket = dir.path().join("no-virtiofsd.sock");
-    let (mut vmm, _) = start_vmm(
+    let Run { status, stderr, .. } = boot_in(
         dir.path(),
-        &kernel,
+        &reset_guest(),
         "",
         serde_json::json!({ "fs": [{ "socket": socket, "tag": "kataShared" }] }),
     );
-    let status = vmm.wait(DEADLINE).expect("kata-vmm did not exit");
-    let stderr = vmm.stderr();
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(
         stderr.contains("virtio-fs share") && stderr.contains(&socket.display().to_string()),
