@@ -240,13 +240,7 @@ _start:
 pub fn pvh_virtio_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    # PVH provides no stack; the kernel sets its own too.
-    mov $0x8ff0, %esp
-    mov %ebx, %edi
+{PVH_START}    mov %ebx, %edi
     cmpl $0x336ec578, (%edi)
     jne bad_magic
     lea msg_pvh, %ebx
@@ -330,12 +324,7 @@ msg_bad: .asciz "BAD PVH MAGIC\n"
 pub fn vsock_probe_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-    lea msg_id, %ebx
+{PVH_START}    lea msg_id, %ebx
     call puts
     mov 0xd0001008, %eax
     call hex32
@@ -353,6 +342,17 @@ msg_cid: .asciz " cid="
 "#
     )
 }
+
+/// The start of a PVH guest: 32-bit code at `_start`, with a stack below the zero page
+/// (PVH provides none) and string operations counting up.
+pub const PVH_START: &str = r#"
+    .code32
+    .text
+    .globl _start
+_start:
+    mov $0x8ff0, %esp
+    cld
+"#;
 
 /// The ELF note that announces a PVH entry at `_start`.
 pub const PVH_NOTE: &str = r#"
@@ -373,12 +373,7 @@ pub const PVH_NOTE: &str = r#"
 pub fn vsock_echo_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-{bring_up}    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
+{PVH_START}{bring_up}    # rx descriptors i = 0..7: 4 KiB device-writable buffers at 0x210000 + i * 4 KiB
 {rx_buffers}    lea msg_ready, %ebx
     call puts
 
@@ -497,12 +492,7 @@ msg_hello_end:
 pub fn virtio_fs_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-    # queue 0: high priority, queue 1: requests
+{PVH_START}    # queue 0: high priority, queue 1: requests
 {bring_up}    lea msg_status, %ebx
     call puts
     mov 0xd0000070, %eax
@@ -712,13 +702,7 @@ pub const BLOCK_GUEST_TEXT: &str = "written by the guest";
 pub fn block_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-    cld
-    lea msg_id, %ebx
+{PVH_START}    lea msg_id, %ebx
     call puts
     mov 0xd0000008, %eax
     call hex32
@@ -889,13 +873,7 @@ pub const AP_TRAMPOLINE: u32 = 0x10000;
 pub fn smp_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-    cld
-    # The floating pointer: "_MP_" on a 16-byte boundary in 0x9fc00..0xa0000.
+{PVH_START}    # The floating pointer: "_MP_" on a 16-byte boundary in 0x9fc00..0xa0000.
     mov $0x9fc00, %esi
 1:  cmpl $0x5f504d5f, (%esi)
     je found_mpf
@@ -1047,13 +1025,7 @@ msg_bad_sum: .asciz "bad PCMP checksum\n"
 pub fn net_frame_guest() -> String {
     format!(
         r#"
-    .code32
-    .text
-    .globl _start
-_start:
-    mov $0x8ff0, %esp
-    cld
-    # VERSION_1 and MAC; queue 0: rx, queue 1: tx
+{PVH_START}    # VERSION_1 and MAC; queue 0: rx, queue 1: tx
 {bring_up}    # rx descriptors i = 0..3: 2 KiB device-writable buffers at 0x210000 + i * 2 KiB
 {rx_buffers}    lea msg_ready, %ebx
     call puts
