@@ -8,14 +8,17 @@ AGENT_BIN := target/$(TARGET)/release/kata-agent
 SHIM_BIN := target/release/containerd-shim-kata-v2
 VSOCK_BIN := target/release/kata-vsock
 VMM_BIN := target/release/kata-vmm
+RUNTIME_BIN := target/release/kata-runtime
 GUEST_CACHE ?= /var/cache/kata-guest
 INITRD := $(GUEST_CACHE)/kata-initrd.img
 IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
 PREFIX ?= /usr/local
+SHARE_DIR := /usr/share/kata-containers
+DEFAULTS_DIR := /usr/share/defaults/kata-containers
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent shim vsock vmm install-vsock guest kernel initrd image install demo test lint
+.PHONY: all setup build agent shim vsock vmm runtime install-vsock guest kernel initrd image install uninstall demo test lint
 
 all: build
 
@@ -28,7 +31,7 @@ shim:
 agent:
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p kata-agent --target $(TARGET)
 
-build: shim agent vsock vmm
+build: shim agent vsock vmm runtime
 
 # kata-vsock, the vhost-user vsock backend QEMU uses (config: hypervisor.qemu.vsock_backend).
 vsock:
@@ -37,6 +40,10 @@ vsock:
 # kata-vmm, the builtin VMM (config: hypervisor.builtin.path, hypervisor_name = "builtin").
 vmm:
 	$(CARGO) build --release -p vmm --bin kata-vmm
+
+# kata-runtime, the host tool: `kata-runtime check` and `kata-runtime env`.
+runtime:
+	$(CARGO) build --release -p kata-runtime
 
 # The default vsock_backend is $(PREFIX)/bin/kata-vsock.
 install-vsock: vsock
@@ -58,9 +65,23 @@ guest: kernel initrd
 install: build guest install-vsock
 	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
 	install -D -m 0755 $(VMM_BIN) $(PREFIX)/bin/kata-vmm
-	install -D -m 0644 "$$(bash guest/build-kernel.sh)" /usr/share/kata-containers/vmlinux
-	install -D -m 0644 $(INITRD) /usr/share/kata-containers/kata-initrd.img
-	install -D -m 0644 config/configuration.toml /usr/share/defaults/kata-containers/configuration.toml
+	install -D -m 0644 "$$(bash guest/build-kernel.sh)" $(SHARE_DIR)/vmlinux
+	install -D -m 0644 $(INITRD) $(SHARE_DIR)/kata-initrd.img
+	install -D -m 0644 config/configuration.toml $(DEFAULTS_DIR)/configuration.toml
+	install -D -m 0755 $(RUNTIME_BIN) $(PREFIX)/bin/kata-runtime
+	install -D -m 0644 deploy/configuration-builtin.toml $(DEFAULTS_DIR)/configuration-builtin.toml
+	install -D -m 0644 -t $(SHARE_DIR)/deploy/containerd deploy/containerd/kata-containerd-1.x.toml deploy/containerd/kata-containerd-2.x.toml
+	install -D -m 0644 -t $(SHARE_DIR)/deploy/kubernetes deploy/kubernetes/runtimeclass.yaml
+
+# Removes everything `make install` (and install-vsock) put down; leaves what the
+# administrator wrote: /etc/kata-containers/ and containerd's own configuration.
+uninstall:
+	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime
+	rm -f $(SHARE_DIR)/vmlinux $(SHARE_DIR)/kata-initrd.img
+	rm -f $(SHARE_DIR)/deploy/containerd/kata-containerd-1.x.toml $(SHARE_DIR)/deploy/containerd/kata-containerd-2.x.toml
+	rm -f $(SHARE_DIR)/deploy/kubernetes/runtimeclass.yaml
+	rm -f $(DEFAULTS_DIR)/configuration.toml $(DEFAULTS_DIR)/configuration-builtin.toml
+	rmdir --ignore-fail-on-non-empty $(SHARE_DIR)/deploy/containerd $(SHARE_DIR)/deploy/kubernetes $(SHARE_DIR)/deploy $(SHARE_DIR) $(DEFAULTS_DIR) 2>/dev/null || true
 
 # README command 1: a container in a VM through a private containerd.
 demo: setup install image

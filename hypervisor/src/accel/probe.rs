@@ -1,8 +1,10 @@
 //! A test guest for `/dev/kvm`: a counted loop in real mode, then HLT.
 //!
-//! It runs on its own thread. If it has not reached HLT by the deadline, the thread is
-//! kicked out of `KVM_RUN` with `immediate_exit` plus a signal ([`kick_signal`]) and the
-//! probe reports failure. Nothing here may hang the caller.
+//! It first checks the KVM API version and the capabilities kata-vmm needs, then runs the
+//! guest on its own thread. If it has not reached HLT by the deadline, the thread is kicked
+//! out of `KVM_RUN` with `immediate_exit` plus a signal ([`kick_signal`]), and the loop
+//! counter left in `ecx` says how far it got, so even a slow KVM gets a measured rate.
+//! Nothing here may hang the caller.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +13,23 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_regs, kvm_userspace_memory_region};
-use kvm_ioctls::{Kvm, VcpuExit};
+use kvm_ioctls::{Cap, Kvm, VcpuExit};
+
+use super::verdict::GuestRun;
 
 /// Iterations of the guest loop: about 10 M instructions, a few ms on real KVM and
 /// seconds on an emulated one.
 const LOOP_COUNT: u32 = 5_000_000;
 const PAGE: usize = 4096;
+/// What kata-vmm needs of KVM beyond running a vCPU (QEMU's microvm uses the same).
+const NEEDED_CAPS: [Cap; 6] = [
+    Cap::Irqchip,
+    Cap::Ioeventfd,
+    Cap::Irqfd,
+    Cap::UserMemory,
+    Cap::SetTssAddr,
+    Cap::Pit2,
+];
 
 /// The signal that kicks the probe's vCPU out of `KVM_RUN`. SIGRTMIN+0 is left to the
 /// builtin VMM's vCPU threads (as in Firecracker); this one is private to the probe.
@@ -43,8 +56,8 @@ unsafe impl Send for RunHandle {}
 // SAFETY: as above; all access goes through the mutex.
 unsafe impl Sync for RunHandle {}
 
-/// Runs the test guest; `Ok` if it reached HLT within `deadline`.
-pub(super) fn run_probe_guest(deadline: Duration) -> Result<(), String> {
+/// Runs the test guest for at most about `deadline`; `Err` if it could not run at all.
+pub(super) fn run_probe_guest(deadline: Duration) -> Result<GuestRun, String> {
     install_kick_handler();
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -66,7 +79,7 @@ pub(super) fn run_probe_guest(deadline: Duration) -> Result<(), String> {
     stop.store(true, Ordering::SeqCst);
     let pthread = std::os::unix::thread::JoinHandleExt::as_pthread_t(&thread);
     // Kick until the thread notices; bounded so that a wedged ioctl cannot hang us.
-    for _ in 0..100 {
+    for _ in 0..50 {
         if let Ok(guard) = run.0.lock() {
             if let Some(immediate_exit) = *guard {
                 // SAFETY: the mapping is alive while the pointer is set (see RunHandle);
@@ -77,18 +90,35 @@ pub(super) fn run_probe_guest(deadline: Duration) -> Result<(), String> {
         // SAFETY: `pthread` belongs to a thread that has not been joined or detached yet
         // (we still own its JoinHandle), so the id is valid.
         unsafe { libc::pthread_kill(pthread, kick_signal()) };
-        if rx.recv_timeout(Duration::from_millis(10)).is_ok() {
+        if let Ok(result) = rx.recv_timeout(Duration::from_millis(10)) {
             let _ = thread.join();
-            break;
+            return result;
         }
     }
+    // The thread is wedged in KVM_RUN; it is left behind (the process exits soon after a
+    // check, and the shim only probes once per boot).
     Err(format!(
-        "the test guest did not reach HLT within {} ms",
+        "the test guest could not be stopped {} ms after it started",
         started.elapsed().as_millis()
     ))
 }
 
-fn guest_thread(stop: &AtomicBool, run: &RunHandle) -> Result<(), String> {
+/// Opens `/dev/kvm` and checks what kata-vmm and QEMU need of it.
+fn open_kvm() -> Result<Kvm, String> {
+    let kvm = Kvm::new().map_err(|e| format!("cannot open /dev/kvm: {e}."))?;
+    if kvm.get_api_version() != 12 {
+        return Err(format!(
+            "KVM API version {} is not 12.",
+            kvm.get_api_version()
+        ));
+    }
+    if let Some(cap) = NEEDED_CAPS.iter().find(|c| !kvm.check_extension(**c)) {
+        return Err(format!("KVM lacks the capability {cap:?}."));
+    }
+    Ok(kvm)
+}
+
+fn guest_thread(stop: &AtomicBool, run: &RunHandle) -> Result<GuestRun, String> {
     // SAFETY: unblocking a signal in the calling thread's own mask has no memory effects.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -99,7 +129,7 @@ fn guest_thread(stop: &AtomicBool, run: &RunHandle) -> Result<(), String> {
     // Declared before the VM so that, on every return path, it is unmapped last.
     let memory = GuestPage::new()?;
     memory.write(&guest_code());
-    let kvm = Kvm::new().map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
+    let kvm = open_kvm()?;
     let vm = kvm
         .create_vm()
         .map_err(|e| format!("KVM_CREATE_VM failed: {e}"))?;
@@ -135,12 +165,27 @@ fn guest_thread(stop: &AtomicBool, run: &RunHandle) -> Result<(), String> {
     if let Ok(mut guard) = run.0.lock() {
         *guard = NonNull::new(&mut vcpu.get_kvm_run().immediate_exit as *mut u8);
     }
+    let entered = Instant::now();
     let result = loop {
         if stop.load(Ordering::SeqCst) {
-            break Err("interrupted".to_string());
+            let elapsed = entered.elapsed();
+            break vcpu
+                .get_regs()
+                .map(|regs| GuestRun {
+                    instructions: executed(regs.rcx),
+                    elapsed,
+                    finished: false,
+                })
+                .map_err(|e| format!("KVM_GET_REGS failed: {e}"));
         }
         match vcpu.run() {
-            Ok(VcpuExit::Hlt) => break Ok(()),
+            Ok(VcpuExit::Hlt) => {
+                break Ok(GuestRun {
+                    instructions: executed(0),
+                    elapsed: entered.elapsed(),
+                    finished: true,
+                })
+            }
             Ok(VcpuExit::Intr) => continue,
             Ok(other) => break Err(format!("the test guest exited with {other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
@@ -154,6 +199,13 @@ fn guest_thread(stop: &AtomicBool, run: &RunHandle) -> Result<(), String> {
     drop(vm);
     drop(memory);
     result
+}
+
+/// Guest instructions executed when the loop counter reads `rcx`: the `mov`, then a `dec`
+/// and a `jnz` per iteration done.
+fn executed(rcx: u64) -> u64 {
+    let remaining = u64::from(rcx as u32).min(u64::from(LOOP_COUNT));
+    1 + 2 * (u64::from(LOOP_COUNT) - remaining)
 }
 
 /// One page of anonymous memory as guest RAM.
@@ -241,9 +293,30 @@ mod tests {
     }
 
     #[test]
+    fn executed_counts_the_iterations_done() {
+        assert_eq!(executed(0), 1 + 2 * u64::from(LOOP_COUNT));
+        assert_eq!(executed(u64::from(LOOP_COUNT)), 1);
+        assert_eq!(executed(u64::from(LOOP_COUNT) - 10), 21);
+        // Only ecx is the counter; garbage above bit 31 is ignored.
+        assert_eq!(executed((1 << 40) | u64::from(LOOP_COUNT)), 1);
+    }
+
+    #[test]
     fn probe_returns_within_bounds() {
         let started = Instant::now();
-        let verdict = run_probe_guest(Duration::from_millis(250));
-        eprintln!("probe: {verdict:?} after {:?}", started.elapsed());
+        let result = run_probe_guest(Duration::from_millis(250));
+        eprintln!("probe: {result:?} after {:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(2), "{result:?}");
+        let openable = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
+        if openable {
+            let run = result.expect("/dev/kvm opens, so the test guest should run");
+            assert!(run.instructions >= 1, "{run:?}");
+        } else {
+            eprintln!("skipped the run assertion: /dev/kvm cannot be opened here");
+        }
     }
 }
