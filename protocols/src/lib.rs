@@ -15,6 +15,14 @@ pub mod agent_ttrpc {
     include!(concat!(env!("OUT_DIR"), "/agent_ttrpc.rs"));
 }
 
+/// containerd's runtime options message (`runtimeoptions.v1.Options`), which carries the
+/// `ConfigPath` of a runtime entry to the shim in CreateTask.
+#[allow(clippy::all, unused_mut, unused_imports, unknown_lints, unused_attributes, non_upper_case_globals, non_camel_case_types, unused_results)]
+#[rustfmt::skip]
+pub mod runtimeoptions {
+    include!(concat!(env!("OUT_DIR"), "/runtimeoptions.rs"));
+}
+
 /// The vsock port kata-agent serves its ttrpc API on (Kata's port).
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 

@@ -30,6 +30,8 @@ pub struct Process {
     /// The OCI process (JSON) of an exec; None for the init process.
     pub spec: Option<Vec<u8>>,
     pub status: Status,
+    /// A Start is under way (the agent has been asked, no answer yet).
+    pub starting: bool,
     pub exit_tx: watch::Sender<Option<Exit>>,
     pub relays: Option<Relays>,
 }
@@ -41,6 +43,7 @@ impl Process {
             stdio,
             spec,
             status: Status::Created,
+            starting: false,
             exit_tx,
             relays: None,
         }

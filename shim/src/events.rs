@@ -24,28 +24,59 @@ pub fn timestamp(t: SystemTime) -> Timestamp {
 }
 
 pub struct Events {
-    publisher: RemotePublisher,
+    sink: Sink,
     namespace: String,
     log: Logger,
+}
+
+enum Sink {
+    Containerd(RemotePublisher),
+    /// Unit tests: every event as `topic text-format`, in order.
+    #[cfg(test)]
+    Recorder(std::sync::Mutex<Vec<String>>),
 }
 
 impl Events {
     pub fn new(publisher: RemotePublisher, namespace: &str, log: Logger) -> Self {
         Events {
-            publisher,
+            sink: Sink::Containerd(publisher),
             namespace: namespace.to_string(),
             log,
         }
     }
 
+    /// Events kept in memory, for unit tests (see [`Events::recorded`]).
+    #[cfg(test)]
+    pub fn recorder() -> Self {
+        Events {
+            sink: Sink::Recorder(Default::default()),
+            namespace: "test".into(),
+            log: hypervisor::discard_logger(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn recorded(&self) -> Vec<String> {
+        match &self.sink {
+            Sink::Recorder(r) => r.lock().map(|r| r.clone()).unwrap_or_default(),
+            Sink::Containerd(_) => Vec::new(),
+        }
+    }
+
     async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        let ctx = ttrpc::context::with_duration(std::time::Duration::from_secs(5));
-        if let Err(e) = self
-            .publisher
-            .publish(ctx, topic, &self.namespace, event)
-            .await
-        {
-            warn!(self.log, "publishing event failed"; "topic" => topic, "error" => %e);
+        match &self.sink {
+            Sink::Containerd(publisher) => {
+                let ctx = ttrpc::context::with_duration(std::time::Duration::from_secs(5));
+                if let Err(e) = publisher.publish(ctx, topic, &self.namespace, event).await {
+                    warn!(self.log, "publishing event failed"; "topic" => topic, "error" => %e);
+                }
+            }
+            #[cfg(test)]
+            Sink::Recorder(r) => {
+                if let Ok(mut r) = r.lock() {
+                    r.push(format!("{topic} {event}"));
+                }
+            }
         }
     }
 

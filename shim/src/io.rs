@@ -18,6 +18,9 @@ use tokio::task::JoinHandle;
 
 use crate::agent::Agent;
 
+/// The agent a relay talks to.
+type AgentRef = Arc<dyn Agent>;
+
 /// Bytes asked for per read request: large enough to amortise a round trip, well under
 /// ttrpc's 4 MiB message limit.
 const READ_CHUNK: u32 = 1 << 20;
@@ -49,7 +52,7 @@ struct StdinRelay {
 impl Relays {
     /// Starts the relays for process `exec_id` of container `cid`.
     pub fn start(
-        agent: &Agent,
+        agent: &AgentRef,
         cid: &str,
         exec_id: &str,
         paths: &StdioPaths,
@@ -128,7 +131,7 @@ impl Drop for Relays {
 /// host does not want the stream) it is still read to its end, so the guest pipe never
 /// fills up and blocks the process.
 fn spawn_output(
-    agent: &Agent,
+    agent: &AgentRef,
     cid: &str,
     exec_id: &str,
     stderr: bool,
@@ -215,7 +218,7 @@ async fn open_output_fifo(path: String, name: &str, log: &Logger) -> Option<pipe
 }
 
 fn spawn_input(
-    agent: &Agent,
+    agent: &AgentRef,
     cid: &str,
     exec_id: &str,
     path: &str,

@@ -7,14 +7,17 @@ mod agent;
 mod container;
 mod events;
 mod io;
+mod launch;
 mod log;
 mod mount;
+mod options;
 mod persist;
 mod sandbox;
 mod service;
 mod spec;
 mod stats;
 mod task;
+mod watchdog;
 
 #[tokio::main]
 async fn main() {

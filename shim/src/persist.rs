@@ -23,8 +23,6 @@ pub struct SandboxState {
     /// Host mount points this sandbox made, unmounted in reverse order on cleanup.
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
-    #[serde(default)]
-    pub containers: Vec<String>,
 }
 
 pub fn state_dir(sandbox_id: &str) -> PathBuf {

@@ -1,16 +1,28 @@
-//! One VM sandbox: its share on the host, its VM and the agent inside it. Creation is
-//! all or nothing: a failure at any step undoes the steps before it, so a failed create
-//! leaves no process, mount or directory behind.
+//! One VM sandbox: its share on the host, its VM and the agent inside it, from boot to
+//! teardown.
+//!
+//! - Creation is all or nothing: a failure at any step undoes the steps before it
+//!   ([`Progress::undo`]), so a failed create leaves no process, mount or directory.
+//! - While it runs, a watchdog waits on the VMM and its helpers. When one of them dies
+//!   (or the guest powers off or panics, which ends the VMM), the sandbox *ends*: the
+//!   agent client fails every request at once, the remaining helpers are stopped, and
+//!   [`Sandbox::ended`] tells the Task service, which reports every process exited.
+//! - [`Sandbox::destroy`] removes every trace from the host; it is idempotent, and safe
+//!   after the sandbox ended.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hypervisor::{Hypervisor, VmConfig, VmInfo};
-use slog::{debug, info, warn, Logger};
+use slog::{debug, error, info, warn, Logger};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::agent::{Agent, AgentError};
+use crate::agent::{Agent, AgentError, KataAgent};
 use crate::mount::{self, SharedDirs};
 use crate::persist::{self, SandboxState};
+use crate::watchdog::{self, Watched};
 
 /// Per-sandbox directory of the VMM's sockets and logs.
 pub const VM_RUN_ROOT: &str = "/run/vc/vm";
@@ -27,17 +39,25 @@ pub enum SandboxError {
     #[error("starting the VM: {0}")]
     Vm(String),
     #[error("{0}; last lines of the guest console:\n{1}")]
-    Agent(crate::agent::AgentError, String),
+    Agent(AgentError, String),
     #[error("recording sandbox state: {0}")]
     Persist(std::io::Error),
 }
 
 pub struct Sandbox {
-    pub agent: Agent,
     pub shared: SharedDirs,
-    pub vm_info: VmInfo,
-    pub state: SandboxState,
-    vm: Box<dyn Hypervisor>,
+    agent: Arc<dyn Agent>,
+    /// The host pid containerd sees for every task of this sandbox (the VMM's, as Kata).
+    task_pid: u32,
+    console_log: Option<PathBuf>,
+    /// What `delete` needs after a crashed shim; saved on every change when `persist`.
+    state: Mutex<SandboxState>,
+    persist: bool,
+    /// None once stopped (or in tests, where there is no VM).
+    vm: tokio::sync::Mutex<Option<Box<dyn Hypervisor>>>,
+    /// Why the VM ended on its own, once it has.
+    ended: watch::Sender<Option<String>>,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
     log: Logger,
     debug: bool,
 }
@@ -105,12 +125,12 @@ fn mkdir(path: &Path) -> Result<(), SandboxError> {
 }
 
 impl Sandbox {
-    /// Boots the VM for sandbox `id` and connects to its agent.
+    /// Boots the VM for sandbox `id`, connects to its agent and starts watching the VM.
     pub async fn create(
         id: &str,
         cfg: &kata_config::Config,
         log: &Logger,
-    ) -> Result<Sandbox, SandboxError> {
+    ) -> Result<Arc<Sandbox>, SandboxError> {
         let t0 = Instant::now();
         let shared = SharedDirs::for_sandbox(id);
         let run_dir = Path::new(VM_RUN_ROOT).join(id);
@@ -123,28 +143,36 @@ impl Sandbox {
             },
             vm: None,
         };
-        match Self::create_steps(id, cfg, log, &shared, &run_dir, &mut progress, t0).await {
-            Ok((agent, vm_info)) => {
-                let vm = progress
-                    .vm
-                    .take()
-                    .ok_or_else(|| SandboxError::Vm("VM handle lost".into()))?;
-                Ok(Sandbox {
-                    agent,
-                    shared,
-                    vm_info,
-                    state: progress.state,
-                    vm,
-                    log: log.clone(),
-                    debug: cfg.runtime.enable_debug,
-                })
-            }
-            Err(e) => {
+        let booted = Self::create_steps(id, cfg, log, &shared, &run_dir, &mut progress, t0).await;
+        let (agent, info, vm) = match (booted, progress.vm.take()) {
+            (Ok((agent, info)), Some(vm)) => (agent, info, vm),
+            (result, vm) => {
+                progress.vm = vm;
+                let e = result
+                    .err()
+                    .unwrap_or_else(|| SandboxError::Vm("VM handle lost".into()));
                 warn!(log, "sandbox create failed, undoing"; "error" => %e);
                 progress.undo(log).await;
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        let mut watched = vec![Watched::vmm(info.vmm_pid)];
+        watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
+        let sb = Arc::new(Sandbox {
+            shared,
+            agent: Arc::new(agent),
+            task_pid: info.vmm_pid.max(0) as u32,
+            console_log: Some(info.console_log.clone()),
+            state: Mutex::new(progress.state),
+            persist: true,
+            vm: tokio::sync::Mutex::new(Some(vm)),
+            ended: watch::channel(None).0,
+            watchdog: Mutex::new(None),
+            log: log.clone(),
+            debug: cfg.runtime.enable_debug,
+        });
+        sb.start_watchdog(watched);
+        Ok(sb)
     }
 
     async fn create_steps(
@@ -155,7 +183,7 @@ impl Sandbox {
         run_dir: &Path,
         progress: &mut Progress,
         t0: Instant,
-    ) -> Result<(Agent, VmInfo), SandboxError> {
+    ) -> Result<(KataAgent, VmInfo), SandboxError> {
         progress.state.save().map_err(SandboxError::Persist)?;
         let made = shared.setup()?;
         progress.state.mounts.extend(made);
@@ -180,7 +208,7 @@ impl Sandbox {
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-        let (agent, check) = Agent::dial(
+        let (agent, check) = KataAgent::dial(
             &info.agent_socket,
             protocols::AGENT_VSOCK_PORT,
             timeout,
@@ -203,27 +231,133 @@ impl Sandbox {
         Ok((agent, info))
     }
 
-    pub fn save(&self) {
-        if let Err(e) = self.state.save() {
-            warn!(self.log, "recording sandbox state"; "error" => %e);
-        }
+    /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests.
+    #[cfg(test)]
+    pub fn for_test(id: &str, agent: Arc<dyn Agent>, shared: SharedDirs) -> Arc<Sandbox> {
+        Arc::new(Sandbox {
+            state: Mutex::new(SandboxState {
+                sandbox_id: id.to_string(),
+                dirs: vec![shared.base.clone()],
+                ..Default::default()
+            }),
+            shared,
+            agent,
+            task_pid: 4242,
+            console_log: None,
+            persist: false,
+            vm: tokio::sync::Mutex::new(None),
+            ended: watch::channel(None).0,
+            watchdog: Mutex::new(None),
+            log: hypervisor::discard_logger(),
+            debug: false,
+        })
     }
 
-    /// Ends the VM and removes every trace of the sandbox from the host.
-    pub async fn destroy(mut self) {
-        // Best effort: a clean guest reset first, then the hypervisor stops what is left.
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.agent.destroy_sandbox()).await;
-        stop_vm(self.vm.as_mut(), &mut self.state, &self.log).await;
-        if self.debug {
-            let tail = hypervisor::process::log_tail(&self.vm_info.console_log);
-            debug!(self.log, "guest console (last lines)"; "console" => tail);
-        }
-        cleanup_host(&self.state, &self.log);
-        info!(self.log, "sandbox destroyed");
+    pub fn agent(&self) -> Arc<dyn Agent> {
+        self.agent.clone()
     }
 
-    /// The host pid containerd sees for every task of this sandbox (the VMM's, as Kata).
     pub fn task_pid(&self) -> u32 {
-        self.vm_info.vmm_pid.max(0) as u32
+        self.task_pid
+    }
+
+    /// Resolves once the VM has ended on its own; yields the cause.
+    pub fn ended(&self) -> watch::Receiver<Option<String>> {
+        self.ended.subscribe()
+    }
+
+    /// Why the VM ended on its own, if it has.
+    pub fn end_cause(&self) -> Option<String> {
+        self.ended.borrow().clone()
+    }
+
+    fn start_watchdog(self: &Arc<Self>, watched: Vec<Watched>) {
+        let sb = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let cause = watchdog::first_exit(watched).await;
+            if let Some(sb) = sb.upgrade() {
+                sb.vm_ended(&cause).await;
+            }
+        });
+        if let Ok(mut w) = self.watchdog.lock() {
+            *w = Some(task);
+        }
+    }
+
+    /// The VM ended on its own (`cause` says how): every agent request fails from now on,
+    /// what is left of the VM is stopped, and whoever watches [`Sandbox::ended`] is told.
+    /// Mounts stay until the containers are deleted.
+    pub async fn vm_ended(&self, cause: &str) {
+        let tail = self
+            .console_log
+            .as_deref()
+            .map(hypervisor::process::log_tail)
+            .unwrap_or_default();
+        error!(self.log, "the sandbox VM is gone; every process of its containers is reported exited";
+            "cause" => cause, "console" => tail);
+        self.agent.disconnect(cause);
+        self.ended.send_replace(Some(cause.to_string()));
+        self.stop_vm().await;
+    }
+
+    async fn stop_vm(&self) {
+        let mut vm = self.vm.lock().await;
+        if let Some(mut v) = vm.take() {
+            let mut copy = self.lock_state().clone();
+            stop_vm(v.as_mut(), &mut copy, &self.log).await;
+            let mut state = self.lock_state();
+            state.vmm_pid = copy.vmm_pid;
+            state.helper_pids = copy.helper_pids;
+            self.save_locked(&state);
+        }
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, SandboxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn save_locked(&self, state: &SandboxState) {
+        if self.persist {
+            if let Err(e) = state.save() {
+                warn!(self.log, "recording sandbox state"; "error" => %e);
+            }
+        }
+    }
+
+    /// Records host mounts made for a container, so a crashed shim's `delete` finds them.
+    pub fn add_mounts(&self, mounts: &[PathBuf]) {
+        let mut state = self.lock_state();
+        state.mounts.extend(mounts.iter().cloned());
+        self.save_locked(&state);
+    }
+
+    /// Forgets host mounts that were undone.
+    pub fn remove_mounts(&self, mounts: &[PathBuf]) {
+        let mut state = self.lock_state();
+        state.mounts.retain(|m| !mounts.contains(m));
+        self.save_locked(&state);
+    }
+
+    /// Ends the VM and removes every trace of the sandbox from the host. Idempotent.
+    pub async fn destroy(&self) {
+        if let Some(w) = self.watchdog.lock().ok().and_then(|mut w| w.take()) {
+            w.abort();
+        }
+        if self.end_cause().is_none() {
+            // Best effort: a clean guest power-off first, then the hypervisor stops the rest.
+            let _ = self.agent.destroy_sandbox().await;
+        }
+        // Ends the long polls still pending (OOM events, relays of unwaited processes).
+        self.agent.disconnect("the sandbox was destroyed");
+        self.stop_vm().await;
+        if self.debug {
+            if let Some(log) = &self.console_log {
+                let tail = hypervisor::process::log_tail(log);
+                debug!(self.log, "guest console (last lines)"; "console" => tail);
+            }
+        }
+        let state = self.lock_state().clone();
+        cleanup_host(&state, &self.log);
+        info!(self.log, "sandbox destroyed");
     }
 }

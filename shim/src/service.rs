@@ -16,6 +16,7 @@ use containerd_shim_protos::protobuf::MessageField;
 use slog::{info, o, Logger};
 
 use crate::events::{timestamp, Events};
+use crate::launch::VmLauncher;
 use crate::log::{fifo_logger, DebugSwitch};
 use crate::persist::SandboxState;
 use crate::sandbox::cleanup_host;
@@ -118,6 +119,7 @@ impl Shim for Service {
         let _ = std::fs::write("shim.pid", std::process::id().to_string());
         info!(log, "shim daemon started"; "pid" => std::process::id(), "namespace" => &self.namespace);
         let events = Events::new(publisher, &self.namespace, log.clone());
-        TaskService::new(&self.id, events, self.exit.clone(), log, switch)
+        let launcher = Box::new(VmLauncher { debug: switch });
+        TaskService::new(&self.id, launcher, events, self.exit.clone(), log)
     }
 }

@@ -19,12 +19,23 @@ pub struct HostBind {
 pub enum SpecError {
     #[error("config.json is not a valid OCI spec: {0}")]
     Invalid(String),
+    #[error("container id {0:?} is not valid: an id must be non-empty, not `.` or `..`, and hold no `/`")]
+    BadId(String),
     #[error("mount {index} ({destination}): bind source {path} does not exist on the host")]
     MissingSource {
         index: usize,
         destination: String,
         path: String,
     },
+}
+
+/// An id names directories on the host and in the guest, so it must be one path
+/// component. (containerd enforces a stricter pattern; other Task API callers may not.)
+pub fn check_id(id: &str) -> Result<(), SpecError> {
+    if id.is_empty() || id == "." || id == ".." || id.contains('/') || id.contains('\0') {
+        return Err(SpecError::BadId(id.to_string()));
+    }
+    Ok(())
 }
 
 /// Where the guest finds container `cid`'s directory of the share.

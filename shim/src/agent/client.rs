@@ -1,34 +1,20 @@
-//! The shim's client of kata-agent: dials the hybrid vsock unix socket the VMM side
-//! exposes, performs the `CONNECT <port>` handshake, and speaks ttrpc over the stream.
+//! [`KataAgent`]: dials the hybrid vsock unix socket the VMM side exposes, performs the
+//! `CONNECT <port>` handshake, and speaks ttrpc over the stream, each request with its
+//! [`Deadline`] and cancelled when the VM is gone.
 
-use std::path::{Path, PathBuf};
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use protocols::agent::*;
 use protocols::agent_ttrpc::AgentServiceClient;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
+use tokio::sync::watch;
 
-/// Failures talking to the agent, phrased for a containerd user reading `ctr`'s output.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error("the agent in the VM did not answer on {socket} within {timeout:?}: {last}")]
-    DialTimeout {
-        socket: PathBuf,
-        timeout: Duration,
-        last: String,
-    },
-    #[error("the VM stopped before its agent answered: the VMM (pid {pid}) {how}")]
-    VmmExited { pid: i32, how: String },
-    #[error("agent request {op} failed: {source}")]
-    Rpc {
-        op: &'static str,
-        #[source]
-        source: ttrpc::Error,
-    },
-}
-
-pub type Result<T> = std::result::Result<T, AgentError>;
+use super::{Agent, AgentError, Deadline, Result};
 
 /// Connects to `socket` and asks the VMM side for guest `port`; returns the raw stream
 /// positioned after the `OK` line.
@@ -56,32 +42,29 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
 
 /// A connected agent.
 #[derive(Clone)]
-pub struct Agent {
+pub struct KataAgent {
     client: AgentServiceClient,
+    /// Why the VM is gone, once it is.
+    gone: Arc<watch::Sender<Option<String>>>,
 }
 
 /// Deadline of one dial attempt (connect + handshake).
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Deadline of the `Check` that ends a dial.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deadline of `DestroySandbox`: the guest powers off rather than answer.
+const DESTROY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// No deadline: waits and reads are long polls that end when the guest has news.
-fn no_timeout() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(0)
-}
+impl KataAgent {
+    /// A client speaking ttrpc on `stream`, already connected to the agent.
+    fn over(stream: UnixStream) -> Self {
+        let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::from(stream));
+        KataAgent {
+            client: AgentServiceClient::new(client),
+            gone: Arc::new(watch::channel(None).0),
+        }
+    }
 
-/// Short deadline for control requests, so a wedged guest surfaces as an error.
-fn control() -> ttrpc::context::Context {
-    ttrpc::context::with_duration(Duration::from_secs(30))
-}
-
-macro_rules! rpc {
-    ($op:literal, $call:expr) => {
-        $call
-            .await
-            .map_err(|source| AgentError::Rpc { op: $op, source })
-    };
-}
-
-impl Agent {
     /// Dials until the agent answers `Check`, or `timeout` passes.
     pub async fn dial(
         socket: &Path,
@@ -109,19 +92,14 @@ impl Agent {
             });
             match attempt {
                 Ok(stream) => {
-                    let client = ttrpc::r#async::Client::new(
-                        ttrpc::r#async::transport::Socket::from(stream),
-                    );
-                    let agent = Agent {
-                        client: AgentServiceClient::new(client),
-                    };
-                    let ctx = ttrpc::context::with_duration(Duration::from_secs(5));
+                    let agent = KataAgent::over(stream);
+                    let ctx = ttrpc::context::with_duration(CHECK_TIMEOUT);
                     let empty = Empty::new();
                     let check = agent.client.check(ctx, &empty);
-                    match tokio::time::timeout(Duration::from_secs(5), check).await {
+                    match tokio::time::timeout(CHECK_TIMEOUT, check).await {
                         Ok(Ok(info)) => return Ok((agent, info)),
                         Ok(Err(e)) => last = format!("check: {e}"),
-                        Err(_) => last = "check: no answer within 5s".into(),
+                        Err(_) => last = format!("check: no answer within {CHECK_TIMEOUT:?}"),
                     }
                 }
                 Err(e) => last = e.to_string(),
@@ -135,39 +113,79 @@ impl Agent {
         })
     }
 
-    pub async fn create_container(&self, id: &str, spec: Vec<u8>, stdin: bool) -> Result<()> {
+    /// Runs one request under `deadline`, failing it at once when the VM is gone.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        deadline: Deadline,
+        request: impl Future<Output = std::result::Result<T, ttrpc::Error>>,
+    ) -> Result<T> {
+        let mut gone = self.gone.subscribe();
+        if let Some(cause) = gone.borrow_and_update().clone() {
+            return Err(AgentError::VmGone { op, cause });
+        }
+        let answered = async {
+            match deadline.duration() {
+                None => Ok(request.await),
+                Some(after) => tokio::time::timeout(after, request)
+                    .await
+                    .map_err(|_| AgentError::Timeout { op, after }),
+            }
+        };
+        tokio::select! {
+            r = answered => r?.map_err(|source| AgentError::Rpc { op, source }),
+            cause = gone.wait_for(Option::is_some) => {
+                let cause = cause.ok().and_then(|c| c.clone()).unwrap_or_default();
+                Err(AgentError::VmGone { op, cause })
+            }
+        }
+    }
+}
+
+/// The ttrpc context of a request: the shim enforces deadlines itself (see `call`).
+fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(0)
+}
+
+#[async_trait]
+impl Agent for KataAgent {
+    fn disconnect(&self, cause: &str) {
+        self.gone.send_if_modified(|g| {
+            let first = g.is_none();
+            if first {
+                *g = Some(cause.to_string());
+            }
+            first
+        });
+    }
+
+    async fn create_container(&self, id: &str, spec: Vec<u8>, stdin: bool) -> Result<()> {
         let req = CreateContainerRequest {
             container_id: id.to_string(),
             oci_spec: spec,
             stdin,
             ..Default::default()
         };
-        rpc!(
-            "CreateContainer",
-            self.client.create_container(control(), &req)
-        )?;
+        let r = self.client.create_container(ctx(), &req);
+        self.call("CreateContainer", Deadline::Setup, r).await?;
         Ok(())
     }
 
-    pub async fn start_container(&self, id: &str) -> Result<()> {
+    async fn start_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!(
-            "StartContainer",
-            self.client.start_container(control(), &req)
-        )?;
+        let r = self.client.start_container(ctx(), &req);
+        self.call("StartContainer", Deadline::Setup, r).await?;
         Ok(())
     }
 
-    pub async fn remove_container(&self, id: &str) -> Result<()> {
+    async fn remove_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!(
-            "RemoveContainer",
-            self.client.remove_container(control(), &req)
-        )?;
+        let r = self.client.remove_container(ctx(), &req);
+        self.call("RemoveContainer", Deadline::Setup, r).await?;
         Ok(())
     }
 
-    pub async fn exec_process(
+    async fn exec_process(
         &self,
         id: &str,
         exec_id: &str,
@@ -181,17 +199,12 @@ impl Agent {
             stdin,
             ..Default::default()
         };
-        rpc!("ExecProcess", self.client.exec_process(control(), &req))?;
+        let r = self.client.exec_process(ctx(), &req);
+        self.call("ExecProcess", Deadline::Setup, r).await?;
         Ok(())
     }
 
-    pub async fn signal_process(
-        &self,
-        id: &str,
-        exec_id: &str,
-        signal: u32,
-        all: bool,
-    ) -> Result<()> {
+    async fn signal_process(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
         let req = SignalProcessRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -199,25 +212,24 @@ impl Agent {
             all,
             ..Default::default()
         };
-        rpc!("SignalProcess", self.client.signal_process(control(), &req))?;
+        let r = self.client.signal_process(ctx(), &req);
+        self.call("SignalProcess", Deadline::Control, r).await?;
         Ok(())
     }
 
-    /// Returns the process's exit status once it has exited.
-    pub async fn wait_process(&self, id: &str, exec_id: &str) -> Result<i32> {
+    async fn wait_process(&self, id: &str, exec_id: &str) -> Result<i32> {
         let req = process_req(id, exec_id);
-        let resp = rpc!("WaitProcess", self.client.wait_process(no_timeout(), &req))?;
-        Ok(resp.status)
+        let r = self.client.wait_process(ctx(), &req);
+        Ok(self.call("WaitProcess", Deadline::None, r).await?.status)
     }
 
-    pub async fn list_processes(&self, id: &str) -> Result<Vec<i32>> {
+    async fn list_processes(&self, id: &str) -> Result<Vec<i32>> {
         let req = container_req(id);
-        let resp = rpc!("ListProcesses", self.client.list_processes(control(), &req))?;
-        Ok(resp.pids)
+        let r = self.client.list_processes(ctx(), &req);
+        Ok(self.call("ListProcesses", Deadline::Control, r).await?.pids)
     }
 
-    /// Up to `len` bytes of the process's stdout (or stderr); empty at end of stream.
-    pub async fn read_stream(
+    async fn read_stream(
         &self,
         id: &str,
         exec_id: &str,
@@ -231,37 +243,35 @@ impl Agent {
             ..Default::default()
         };
         let resp = if stderr {
-            rpc!("ReadStderr", self.client.read_stderr(no_timeout(), &req))?
+            let r = self.client.read_stderr(ctx(), &req);
+            self.call("ReadStderr", Deadline::None, r).await?
         } else {
-            rpc!("ReadStdout", self.client.read_stdout(no_timeout(), &req))?
+            let r = self.client.read_stdout(ctx(), &req);
+            self.call("ReadStdout", Deadline::None, r).await?
         };
         Ok(resp.data)
     }
 
-    pub async fn write_stdin(&self, id: &str, exec_id: &str, data: Vec<u8>) -> Result<u32> {
+    async fn write_stdin(&self, id: &str, exec_id: &str, data: Vec<u8>) -> Result<u32> {
         let req = WriteStreamRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
             data,
             ..Default::default()
         };
-        let resp = rpc!("WriteStdin", self.client.write_stdin(no_timeout(), &req))?;
-        Ok(resp.len)
+        // Blocks while the process does not read its stdin: a long poll.
+        let r = self.client.write_stdin(ctx(), &req);
+        Ok(self.call("WriteStdin", Deadline::None, r).await?.len)
     }
 
-    pub async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
+    async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
         let req = process_req(id, exec_id);
-        rpc!("CloseStdin", self.client.close_stdin(control(), &req))?;
+        let r = self.client.close_stdin(ctx(), &req);
+        self.call("CloseStdin", Deadline::Control, r).await?;
         Ok(())
     }
 
-    pub async fn tty_win_resize(
-        &self,
-        id: &str,
-        exec_id: &str,
-        rows: u32,
-        columns: u32,
-    ) -> Result<()> {
+    async fn tty_win_resize(&self, id: &str, exec_id: &str, rows: u32, columns: u32) -> Result<()> {
         let req = TtyWinResizeRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
@@ -269,66 +279,62 @@ impl Agent {
             columns,
             ..Default::default()
         };
-        rpc!("TtyWinResize", self.client.tty_win_resize(control(), &req))?;
+        let r = self.client.tty_win_resize(ctx(), &req);
+        self.call("TtyWinResize", Deadline::Control, r).await?;
         Ok(())
     }
 
-    pub async fn pause_container(&self, id: &str) -> Result<()> {
+    async fn pause_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!(
-            "PauseContainer",
-            self.client.pause_container(control(), &req)
-        )?;
+        let r = self.client.pause_container(ctx(), &req);
+        self.call("PauseContainer", Deadline::Control, r).await?;
         Ok(())
     }
 
-    pub async fn resume_container(&self, id: &str) -> Result<()> {
+    async fn resume_container(&self, id: &str) -> Result<()> {
         let req = container_req(id);
-        rpc!(
-            "ResumeContainer",
-            self.client.resume_container(control(), &req)
-        )?;
+        let r = self.client.resume_container(ctx(), &req);
+        self.call("ResumeContainer", Deadline::Control, r).await?;
         Ok(())
     }
 
-    pub async fn stats_container(&self, id: &str) -> Result<StatsContainerResponse> {
+    async fn stats_container(&self, id: &str) -> Result<StatsContainerResponse> {
         let req = container_req(id);
-        rpc!(
-            "StatsContainer",
-            self.client.stats_container(control(), &req)
-        )
+        let r = self.client.stats_container(ctx(), &req);
+        self.call("StatsContainer", Deadline::Control, r).await
     }
 
-    /// `resources` is the OCI LinuxResources object as JSON.
-    pub async fn update_container(&self, id: &str, resources: Vec<u8>) -> Result<()> {
+    async fn update_container(&self, id: &str, resources: Vec<u8>) -> Result<()> {
         let req = UpdateContainerRequest {
             container_id: id.to_string(),
             resources,
             ..Default::default()
         };
-        rpc!(
-            "UpdateContainer",
-            self.client.update_container(control(), &req)
-        )?;
+        let r = self.client.update_container(ctx(), &req);
+        self.call("UpdateContainer", Deadline::Control, r).await?;
         Ok(())
     }
 
-    /// Waits for the next OOM kill in the guest; returns the container's id.
-    pub async fn get_oom_event(&self) -> Result<String> {
-        let resp = rpc!(
-            "GetOOMEvent",
-            self.client.get_oom_event(no_timeout(), &Empty::new())
-        )?;
-        Ok(resp.container_id)
+    async fn get_oom_event(&self) -> Result<String> {
+        let empty = Empty::new();
+        let r = self.client.get_oom_event(ctx(), &empty);
+        Ok(self
+            .call("GetOOMEvent", Deadline::None, r)
+            .await?
+            .container_id)
     }
 
-    /// Asks the guest to end the VM; a closed connection is the expected answer.
-    pub async fn destroy_sandbox(&self) -> Result<()> {
-        let ctx = ttrpc::context::with_duration(Duration::from_secs(2));
-        rpc!(
-            "DestroySandbox",
-            self.client.destroy_sandbox(ctx, &Empty::new())
-        )?;
+    async fn destroy_sandbox(&self) -> Result<()> {
+        let empty = Empty::new();
+        let r = self.client.destroy_sandbox(ctx(), &empty);
+        let r = tokio::time::timeout(
+            DESTROY_TIMEOUT,
+            self.call("DestroySandbox", Deadline::None, r),
+        );
+        r.await.map_err(|_| AgentError::Timeout {
+            op: "DestroySandbox",
+            after: DESTROY_TIMEOUT,
+        })??;
         Ok(())
     }
 }
@@ -396,7 +402,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id() as i32;
         let _ = child.wait();
-        let err = match Agent::dial(
+        let err = match KataAgent::dial(
             Path::new("/nonexistent/kata.hvsock"),
             1024,
             Duration::from_secs(30),
@@ -410,5 +416,64 @@ mod tests {
         assert!(matches!(err, AgentError::VmmExited { .. }), "{err}");
         // Not DialTimeout: the dial did not wait for its deadline.
         assert!(err.to_string().contains(&format!("pid {pid}")), "{err}");
+    }
+
+    /// A guest that accepts requests and never answers them.
+    fn silent_guest(name: &str) -> (tempfile::TempDir, KataAgent, tokio::task::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join(name);
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink).await;
+        });
+        let stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let agent = KataAgent::over(UnixStream::from_std(stream).unwrap());
+        (dir, agent, server)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_control_request_ends_at_its_deadline() {
+        let (_dir, agent, server) = silent_guest("deadline");
+        let err = agent.signal_process("c", "", 9, false).await.unwrap_err();
+        assert!(
+            matches!(err, AgentError::Timeout { op: "SignalProcess", after } if Some(after) == Deadline::Control.duration()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("no answer within"), "{err}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_disconnect_ends_pending_long_polls_and_refuses_new_requests() {
+        let (_dir, agent, server) = silent_guest("gone");
+        let waiter = {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.wait_process("c", "").await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "WaitProcess must wait for the guest");
+        agent.disconnect("the VMM (pid 42) was killed by SIGKILL");
+        let err = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("WaitProcess ended once the VM was gone")
+            .unwrap()
+            .unwrap_err();
+        assert!(err.vm_gone(), "{err}");
+        assert!(err.to_string().contains("pid 42"), "{err}");
+        let later = agent.list_processes("c").await.unwrap_err();
+        assert!(
+            matches!(
+                later,
+                AgentError::VmGone {
+                    op: "ListProcesses",
+                    ..
+                }
+            ),
+            "{later}"
+        );
+        server.abort();
     }
 }

@@ -1,0 +1,116 @@
+//! The shim's side of kata-agent: the [`Agent`] trait is what the Task service asks of
+//! the guest, [`KataAgent`] speaks it over ttrpc through the VMM's hybrid vsock socket.
+//!
+//! Two rules hold for every request, so that no RPC of the shim can hang on a guest:
+//! - a request that should answer promptly has a deadline fitting it (see
+//!   [`Deadline`]); waits and stream reads are long polls without one;
+//! - once the VM is known to be gone ([`Agent::disconnect`]), every pending and later
+//!   request fails at once with [`AgentError::VmGone`], long polls included.
+//!
+//! The trait is the seam unit tests use to drive the Task state machine without a VM.
+
+mod client;
+#[cfg(test)]
+pub mod fake;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use protocols::agent::StatsContainerResponse;
+
+pub use client::KataAgent;
+
+/// Failures talking to the agent, phrased for a containerd user reading `ctr`'s output.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("the agent in the VM did not answer on {socket} within {timeout:?}: {last}")]
+    DialTimeout {
+        socket: PathBuf,
+        timeout: Duration,
+        last: String,
+    },
+    #[error("the VM stopped before its agent answered: the VMM (pid {pid}) {how}")]
+    VmmExited { pid: i32, how: String },
+    #[error("agent request {op} failed: {source}")]
+    Rpc {
+        op: &'static str,
+        #[source]
+        source: ttrpc::Error,
+    },
+    #[error(
+        "agent request {op} got no answer within {after:?}; the guest may be overloaded or hung"
+    )]
+    Timeout { op: &'static str, after: Duration },
+    #[error("agent request {op} cannot be served: the sandbox VM is gone ({cause})")]
+    VmGone { op: &'static str, cause: String },
+}
+
+impl AgentError {
+    /// Whether the request failed because the VM ended, not because of the request.
+    pub fn vm_gone(&self) -> bool {
+        matches!(self, AgentError::VmGone { .. })
+    }
+}
+
+pub type Result<T> = std::result::Result<T, AgentError>;
+
+/// How long a request may take before the shim gives up on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// Long polls (waits, stream reads, OOM events): they answer when the guest has news,
+    /// and end only with the process, the stream or the VM.
+    None,
+    /// Requests whose work in the guest is small (signals, stats, resize, ...).
+    Control,
+    /// Requests that set up a container or process: the guest reads its rootfs over
+    /// virtio-fs and forks, which under TCG on a loaded host takes seconds.
+    Setup,
+}
+
+impl Deadline {
+    pub fn duration(self) -> Option<Duration> {
+        match self {
+            Deadline::None => None,
+            Deadline::Control => Some(Duration::from_secs(15)),
+            Deadline::Setup => Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// What the Task service asks of the agent in the guest.
+#[async_trait]
+pub trait Agent: Send + Sync {
+    /// The VM is gone (`cause` says why): fail every pending and later request at once.
+    fn disconnect(&self, cause: &str);
+
+    async fn create_container(&self, id: &str, spec: Vec<u8>, stdin: bool) -> Result<()>;
+    async fn start_container(&self, id: &str) -> Result<()>;
+    async fn remove_container(&self, id: &str) -> Result<()>;
+    async fn exec_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: Vec<u8>,
+        stdin: bool,
+    ) -> Result<()>;
+    async fn signal_process(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()>;
+    /// The process's exit status once it has exited.
+    async fn wait_process(&self, id: &str, exec_id: &str) -> Result<i32>;
+    async fn list_processes(&self, id: &str) -> Result<Vec<i32>>;
+    /// Up to `len` bytes of the process's stdout (or stderr); empty at end of stream.
+    async fn read_stream(&self, id: &str, exec_id: &str, stderr: bool, len: u32)
+        -> Result<Vec<u8>>;
+    async fn write_stdin(&self, id: &str, exec_id: &str, data: Vec<u8>) -> Result<u32>;
+    async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()>;
+    async fn tty_win_resize(&self, id: &str, exec_id: &str, rows: u32, columns: u32) -> Result<()>;
+    async fn pause_container(&self, id: &str) -> Result<()>;
+    async fn resume_container(&self, id: &str) -> Result<()>;
+    async fn stats_container(&self, id: &str) -> Result<StatsContainerResponse>;
+    /// `resources` is the OCI LinuxResources object as JSON.
+    async fn update_container(&self, id: &str, resources: Vec<u8>) -> Result<()>;
+    /// Waits for the next OOM kill in the guest; returns the container's id.
+    async fn get_oom_event(&self) -> Result<String>;
+    /// Asks the guest to end the VM; a closed connection is the expected answer.
+    async fn destroy_sandbox(&self) -> Result<()>;
+}

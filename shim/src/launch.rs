@@ -1,0 +1,56 @@
+//! How the Task service gets a sandbox: the [`Launcher`] trait, with [`VmLauncher`]
+//! loading the configuration the runtime options select and booting a VM. Unit tests
+//! put a launcher of their own here, handing out sandboxes around a fake agent.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::MessageField;
+use slog::Logger;
+
+use crate::log::DebugSwitch;
+use crate::options::{self, OptionsError};
+use crate::sandbox::{Sandbox, SandboxError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The configuration is wrong: the user must fix a file or an option.
+    #[error("{0}")]
+    Config(#[from] OptionsError),
+    /// The VM did not come up.
+    #[error(transparent)]
+    Boot(#[from] SandboxError),
+}
+
+#[async_trait]
+pub trait Launcher: Send + Sync {
+    /// Boots sandbox `id` with the configuration CreateTask's `options` select.
+    async fn launch(
+        &self,
+        id: &str,
+        options: &MessageField<Any>,
+        log: &Logger,
+    ) -> Result<Arc<Sandbox>, LaunchError>;
+}
+
+/// Boots a VM through the configured hypervisor.
+pub struct VmLauncher {
+    /// Turned on when the configuration asks for debug logs.
+    pub debug: DebugSwitch,
+}
+
+#[async_trait]
+impl Launcher for VmLauncher {
+    async fn launch(
+        &self,
+        id: &str,
+        options: &MessageField<Any>,
+        log: &Logger,
+    ) -> Result<Arc<Sandbox>, LaunchError> {
+        let cfg = options::load_config(options)?;
+        self.debug.set(cfg.runtime.enable_debug);
+        slog::debug!(log, "phase: shim start"; "elapsed_ms" => 0u64, "container" => id);
+        Ok(Sandbox::create(id, &cfg, log).await?)
+    }
+}

@@ -1,0 +1,209 @@
+//! CreateTask: the first container boots the sandbox, every container gets its rootfs
+//! and binds shared into the VM and is created by the agent. All or nothing: a failure
+//! undoes the container's host mounts, and the sandbox when it was booted for it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use containerd_shim_protos::api::CreateTaskRequest;
+use slog::debug;
+use ttrpc::Code;
+
+use super::state::{agent_err, status, Result};
+use super::Inner;
+use crate::container::{self, Container, Process};
+use crate::io::{Relays, StdioPaths};
+use crate::launch::LaunchError;
+use crate::sandbox::Sandbox;
+use crate::spec;
+
+/// The parts of a CreateTask request the create needs, read from the bundle.
+struct Parsed {
+    bundle: PathBuf,
+    spec: serde_json::Value,
+    binds: Vec<spec::HostBind>,
+    stdio: StdioPaths,
+}
+
+impl Inner {
+    pub(super) async fn create_container(self: &Arc<Self>, req: &CreateTaskRequest) -> Result<u32> {
+        let t0 = Instant::now();
+        let parsed = self.parse(req)?;
+        let _life = self.lifecycle.lock().await;
+        {
+            let mut st = self.lock();
+            if st.containers.contains_key(&req.id) || !st.creating.insert(req.id.clone()) {
+                return Err(status(
+                    Code::ALREADY_EXISTS,
+                    format!("container {} already exists", req.id),
+                ));
+            }
+        }
+        let result = self.create_locked(req, &parsed).await;
+        self.lock().creating.remove(&req.id);
+        let pid = result?;
+        debug!(self.log, "phase: container created"; "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
+        self.events
+            .create(&req.id, &req.bundle, &parsed.stdio, pid)
+            .await;
+        Ok(pid)
+    }
+
+    fn parse(&self, req: &CreateTaskRequest) -> Result<Parsed> {
+        spec::check_id(&req.id).map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let bundle = PathBuf::from(&req.bundle);
+        let spec_path = bundle.join("config.json");
+        let text = std::fs::read(&spec_path).map_err(|e| {
+            status(
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "reading the OCI spec {}: {e}; the bundle must hold config.json",
+                    spec_path.display()
+                ),
+            )
+        })?;
+        let mut spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+            status(
+                Code::INVALID_ARGUMENT,
+                format!("{} is not a valid OCI spec: {e}", spec_path.display()),
+            )
+        })?;
+        let sandbox_id = spec::sandbox_of(&spec, &req.id);
+        if sandbox_id != self.sandbox_id {
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!(
+                    "container {} belongs to sandbox {sandbox_id}, but this shim serves sandbox {}",
+                    req.id, self.sandbox_id
+                ),
+            ));
+        }
+        let binds = spec::rewrite_for_guest(&mut spec, &req.id)
+            .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let terminal = spec
+            .pointer("/process/terminal")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(req.terminal);
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal,
+        };
+        Ok(Parsed {
+            bundle,
+            spec,
+            binds,
+            stdio,
+        })
+    }
+
+    /// The sandbox to create in, booting it for the sandbox container. Returns whether it
+    /// was booted now.
+    async fn sandbox_for(
+        self: &Arc<Self>,
+        req: &CreateTaskRequest,
+    ) -> Result<(Arc<Sandbox>, bool)> {
+        if let Some(sb) = self.lock().sandbox.clone() {
+            if let Some(cause) = sb.end_cause() {
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!(
+                        "sandbox {} cannot take container {}: its VM is gone ({cause}); remove the sandbox and create it again",
+                        self.sandbox_id, req.id
+                    ),
+                ));
+            }
+            return Ok((sb, false));
+        }
+        if req.id != self.sandbox_id {
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                format!(
+                    "sandbox {} is not running: create its sandbox container first",
+                    self.sandbox_id
+                ),
+            ));
+        }
+        let sb = self
+            .launcher
+            .launch(&self.sandbox_id, &req.options, &self.log)
+            .await
+            .map_err(|e| match e {
+                LaunchError::Config(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
+                LaunchError::Boot(e) => status(
+                    Code::UNKNOWN,
+                    format!("creating VM sandbox {}: {e}", self.sandbox_id),
+                ),
+            })?;
+        self.lock().sandbox = Some(sb.clone());
+        self.watch_sandbox(&sb);
+        self.watch_oom(sb.agent());
+        Ok((sb, true))
+    }
+
+    /// Called with the lifecycle lock held.
+    async fn create_locked(self: &Arc<Self>, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
+        let (sb, booted) = self.sandbox_for(req).await?;
+        let result = self.create_in(&sb, req, p).await;
+        if result.is_err() && booted {
+            // The sandbox was booted for this container alone: take it down with it.
+            let sb = {
+                let mut st = self.lock();
+                if st.containers.is_empty() {
+                    st.sandbox.take()
+                } else {
+                    None
+                }
+            };
+            if let Some(sb) = sb {
+                sb.destroy().await;
+            }
+        }
+        result
+    }
+
+    async fn create_in(&self, sb: &Sandbox, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
+        let share_dir = sb.shared.mounts.join(&req.id);
+        let mounts = container::setup_host_mounts(&p.bundle, &req.rootfs, &share_dir, &p.binds)
+            .await
+            .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        sb.add_mounts(&mounts);
+        let agent = sb.agent();
+        let spec_bytes = match serde_json::to_vec(&p.spec) {
+            Ok(b) => b,
+            Err(e) => {
+                undo_mounts(sb, &mounts, &share_dir);
+                return Err(super::state::failed(e));
+            }
+        };
+        if let Err(e) = agent
+            .create_container(&req.id, spec_bytes, !p.stdio.stdin.is_empty())
+            .await
+        {
+            undo_mounts(sb, &mounts, &share_dir);
+            return Err(agent_err(e));
+        }
+        let mut init = Process::new(p.stdio.clone(), None);
+        init.relays = Some(Relays::start(&agent, &req.id, "", &p.stdio, &self.log));
+        let mut st = self.lock();
+        st.containers.insert(
+            req.id.clone(),
+            Container {
+                bundle: p.bundle.clone(),
+                mounts,
+                share_dir,
+                init,
+                execs: HashMap::new(),
+            },
+        );
+        Ok(sb.task_pid())
+    }
+}
+
+fn undo_mounts(sb: &Sandbox, mounts: &[PathBuf], share_dir: &Path) {
+    container::teardown_host_mounts(mounts, share_dir);
+    sb.remove_mounts(mounts);
+}

@@ -1,0 +1,372 @@
+//! The Task state machine against a fake agent: no VM, real bind mounts (as root).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim::TtrpcContext;
+use containerd_shim_protos::api::*;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::MessageField;
+use containerd_shim_protos::shim_async::Task;
+use slog::Logger;
+use tokio::sync::Notify;
+use ttrpc::Code;
+
+use super::TaskService;
+use crate::agent::fake::FakeAgent;
+use crate::events::Events;
+use crate::launch::{LaunchError, Launcher};
+use crate::mount::SharedDirs;
+use crate::sandbox::Sandbox;
+
+/// Hands out sandboxes around one fake agent, sharing from a temp dir; optionally holds
+/// the boot until `release` is notified.
+struct FakeLauncher {
+    agent: Arc<FakeAgent>,
+    share: PathBuf,
+    gate: Option<Arc<Notify>>,
+    launched: AtomicUsize,
+    sandbox: std::sync::Mutex<Option<Arc<Sandbox>>>,
+}
+
+#[async_trait]
+impl Launcher for FakeLauncher {
+    async fn launch(
+        &self,
+        id: &str,
+        _options: &MessageField<Any>,
+        _log: &Logger,
+    ) -> Result<Arc<Sandbox>, LaunchError> {
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
+        }
+        self.launched.fetch_add(1, Ordering::SeqCst);
+        let base = self.share.join(id);
+        let shared = SharedDirs {
+            mounts: base.join("mounts"),
+            shared: base.join("shared"),
+            base,
+        };
+        let sb = Sandbox::for_test(id, self.agent.clone(), shared);
+        *self.sandbox.lock().unwrap() = Some(sb.clone());
+        Ok(sb)
+    }
+}
+
+struct Fixture {
+    svc: TaskService,
+    agent: Arc<FakeAgent>,
+    launcher: Arc<FakeLauncher>,
+    dir: tempfile::TempDir,
+}
+
+/// Forwards to the fixture's launcher, so the test keeps a handle on it.
+struct Shared(Arc<FakeLauncher>);
+
+#[async_trait]
+impl Launcher for Shared {
+    async fn launch(
+        &self,
+        id: &str,
+        options: &MessageField<Any>,
+        log: &Logger,
+    ) -> Result<Arc<Sandbox>, LaunchError> {
+        self.0.launch(id, options, log).await
+    }
+}
+
+const SB: &str = "sb1";
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn fixture(gate: Option<Arc<Notify>>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Arc::new(FakeAgent::new());
+    let launcher = Arc::new(FakeLauncher {
+        agent: agent.clone(),
+        share: dir.path().join("share"),
+        gate,
+        launched: AtomicUsize::new(0),
+        sandbox: Default::default(),
+    });
+    let svc = TaskService::new(
+        SB,
+        Box::new(Shared(launcher.clone())),
+        Events::recorder(),
+        Arc::new(ExitSignal::default()),
+        hypervisor::discard_logger(),
+    );
+    Fixture {
+        svc,
+        agent,
+        launcher,
+        dir,
+    }
+}
+
+fn ctx() -> TtrpcContext {
+    TtrpcContext {
+        mh: Default::default(),
+        metadata: Default::default(),
+        timeout_nano: 0,
+    }
+}
+
+impl Fixture {
+    /// A bundle for container `id` with a config.json (`spec`) and an empty rootfs.
+    fn bundle(&self, id: &str, spec: Option<&str>) -> PathBuf {
+        let b = self.dir.path().join("bundles").join(id);
+        std::fs::create_dir_all(b.join("rootfs")).unwrap();
+        if let Some(spec) = spec {
+            std::fs::write(b.join("config.json"), spec).unwrap();
+        }
+        b
+    }
+
+    fn create_req(&self, id: &str, bundle: &Path) -> CreateTaskRequest {
+        CreateTaskRequest {
+            id: id.into(),
+            bundle: bundle.display().to_string(),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&self, id: &str) -> Result<u32, ttrpc::Error> {
+        let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"cwd":"/"},"root":{"path":"rootfs"}}"#;
+        let b = self.bundle(id, Some(spec));
+        let req = self.create_req(id, &b);
+        self.svc.create(&ctx(), req).await.map(|r| r.pid)
+    }
+
+    async fn start(&self, id: &str, exec_id: &str) -> Result<(), ttrpc::Error> {
+        let req = StartRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        self.svc.start(&ctx(), req).await.map(|_| ())
+    }
+
+    async fn state(&self, id: &str, exec_id: &str) -> Result<StateResponse, ttrpc::Error> {
+        let req = StateRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        self.svc.state(&ctx(), req).await
+    }
+
+    async fn wait(&self, id: &str, exec_id: &str) -> WaitResponse {
+        let req = WaitRequest {
+            id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        tokio::time::timeout(Duration::from_secs(5), self.svc.wait(&ctx(), req))
+            .await
+            .expect("Wait answered")
+            .unwrap()
+    }
+
+    async fn delete(&self, id: &str) -> Result<DeleteResponse, ttrpc::Error> {
+        let req = DeleteRequest {
+            id: id.into(),
+            ..Default::default()
+        };
+        self.svc.delete(&ctx(), req).await
+    }
+
+    fn share_is_gone(&self) -> bool {
+        !self.dir.path().join("share").join(SB).exists()
+            && crate::mount::mounts_under(self.dir.path()).is_empty()
+    }
+}
+
+fn code(e: &ttrpc::Error) -> Code {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.code(),
+        other => panic!("not an RPC status: {other:?}"),
+    }
+}
+
+macro_rules! needs_root {
+    () => {
+        if !is_root() {
+            eprintln!("SKIPPED: this test bind-mounts a rootfs and needs root");
+            return;
+        }
+    };
+}
+
+#[tokio::test]
+async fn a_process_exit_in_the_guest_is_reported_then_delete_ends_the_sandbox() {
+    needs_root!();
+    let f = fixture(None);
+    let pid = f.create(SB).await.unwrap();
+    assert_eq!(pid, 4242, "tasks carry the sandbox's VMM pid");
+    f.start(SB, "").await.unwrap();
+    assert_eq!(
+        f.state(SB, "").await.unwrap().status,
+        Status::RUNNING.into()
+    );
+    f.agent.exit(SB, "", 3);
+    assert_eq!(f.wait(SB, "").await.exit_status, 3);
+    let st = f.state(SB, "").await.unwrap();
+    assert_eq!((st.status, st.exit_status), (Status::STOPPED.into(), 3));
+    assert_eq!(f.delete(SB).await.unwrap().exit_status, 3);
+    assert!(
+        f.share_is_gone(),
+        "delete of the last container ends the sandbox"
+    );
+    let events = f.svc.inner.events.recorded();
+    let topics: Vec<&str> = events
+        .iter()
+        .map(|e| e.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        topics,
+        [
+            "/tasks/create",
+            "/tasks/start",
+            "/tasks/exit",
+            "/tasks/delete"
+        ]
+    );
+    assert_eq!(f.agent.called("DestroySandbox"), 1);
+}
+
+#[tokio::test]
+async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
+    needs_root!();
+    let f = fixture(None);
+    f.create(SB).await.unwrap();
+    f.start(SB, "").await.unwrap();
+    // An exec added but not started: nobody waits on it in the guest.
+    let exec = ExecProcessRequest {
+        id: SB.into(),
+        exec_id: "e1".into(),
+        spec: MessageField::some(Any {
+            value: br#"{"args":["true"],"cwd":"/"}"#.to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    f.svc.exec(&ctx(), exec).await.unwrap();
+
+    let sb = f.launcher.sandbox.lock().unwrap().clone().unwrap();
+    sb.vm_ended("the VMM qemu (pid 9) was killed by signal 9")
+        .await;
+
+    assert_eq!(f.wait(SB, "").await.exit_status, 255);
+    assert_eq!(f.wait(SB, "e1").await.exit_status, 255);
+    let kill = KillRequest {
+        id: SB.into(),
+        signal: 9,
+        ..Default::default()
+    };
+    let answered = tokio::time::timeout(Duration::from_secs(1), f.svc.kill(&ctx(), kill)).await;
+    assert!(answered.expect("Kill answers at once").is_ok());
+    let deleted = tokio::time::timeout(Duration::from_secs(5), f.delete(SB))
+        .await
+        .expect("Delete answers at once")
+        .unwrap();
+    assert_eq!(deleted.exit_status, 255);
+    assert!(f.share_is_gone());
+    assert_eq!(
+        f.agent.called("RemoveContainer") + f.agent.called("DestroySandbox"),
+        0,
+        "nothing is asked of a guest that is gone"
+    );
+    let exits = f
+        .svc
+        .inner
+        .events
+        .recorded()
+        .into_iter()
+        .filter(|e| e.starts_with("/tasks/exit"))
+        .count();
+    assert_eq!(exits, 2, "a TaskExit for the init and for the exec");
+}
+
+#[tokio::test]
+async fn state_and_connect_answer_while_the_sandbox_boots() {
+    needs_root!();
+    let gate = Arc::new(Notify::new());
+    let f = Arc::new(fixture(Some(gate.clone())));
+    let creating = {
+        let f = f.clone();
+        tokio::spawn(async move { f.create(SB).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!creating.is_finished(), "the boot is held");
+    let connect = tokio::time::timeout(
+        Duration::from_secs(1),
+        f.svc.connect(&ctx(), ConnectRequest::default()),
+    )
+    .await
+    .expect("Connect answers during a boot");
+    assert_eq!(connect.unwrap().shim_pid, std::process::id());
+    let state = tokio::time::timeout(Duration::from_secs(1), f.state(SB, ""))
+        .await
+        .expect("State answers during a boot");
+    assert_eq!(code(&state.unwrap_err()), Code::NOT_FOUND);
+    let again = tokio::time::timeout(Duration::from_secs(1), f.create(SB)).await;
+    // A second create of the same id waits for the first (lifecycle lock), then fails.
+    assert!(again.is_err(), "the second create waits for the boot");
+    gate.notify_one();
+    creating.await.unwrap().unwrap();
+    let dup = f.create(SB).await.unwrap_err();
+    assert_eq!(code(&dup), Code::ALREADY_EXISTS);
+    assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 1);
+    f.agent.exit(SB, "", 0);
+    // Never started: delete right away.
+    f.delete(SB).await.unwrap();
+    assert!(f.share_is_gone());
+}
+
+#[tokio::test]
+async fn bad_bundles_and_ids_fail_before_any_vm_is_started() {
+    let f = fixture(None);
+    let b = f.bundle(SB, None);
+    let err = f
+        .svc
+        .create(&ctx(), f.create_req(SB, &b))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert!(format!("{err:?}").contains("config.json"), "{err:?}");
+    for bad in ["../escape", "a/b", ".."] {
+        let err = f
+            .svc
+            .create(&ctx(), f.create_req(bad, &b))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), Code::INVALID_ARGUMENT, "{bad}");
+        assert!(format!("{err:?}").contains("not valid"), "{err:?}");
+    }
+    assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 0);
+    assert!(f.share_is_gone());
+}
+
+#[tokio::test]
+async fn a_pod_container_needs_its_sandbox_container_first() {
+    let f = fixture(None);
+    let spec = format!(
+        r#"{{"process":{{"args":["sh"]}},"root":{{"path":"rootfs"}},"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{SB}"}}}}"#
+    );
+    let b = f.bundle("c1", Some(&spec));
+    let err = f
+        .svc
+        .create(&ctx(), f.create_req("c1", &b))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
+    assert!(format!("{err:?}").contains("create its sandbox container first"));
+    assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 0);
+}

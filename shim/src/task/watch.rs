@@ -1,0 +1,115 @@
+//! What the Task service watches in the background for a sandbox: each started
+//! process's exit, OOM kills, and the end of the VM itself.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use slog::{debug, info, warn};
+
+use super::Inner;
+use crate::agent::Agent;
+use crate::container::{Exit, Status};
+use crate::sandbox::Sandbox;
+
+/// The exit status reported for every process of a sandbox whose VM died: the guest can
+/// no longer say how they ended (as runc reports for a process it lost).
+pub const VM_GONE_EXIT_STATUS: u32 = 255;
+
+impl Inner {
+    /// Publishes TaskOOM for every OOM kill the guest reports, for the sandbox's life.
+    pub(super) fn watch_oom(self: &Arc<Self>, agent: Arc<dyn Agent>) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match agent.get_oom_event().await {
+                    Ok(cid) => {
+                        info!(inner.log, "OOM kill in the guest"; "container" => &cid);
+                        inner.events.oom(&cid).await;
+                    }
+                    Err(e) => {
+                        debug!(inner.log, "OOM watch ended"; "error" => %e);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Watches a started process: waits for its exit in the guest and for the end of its
+    /// output, records the exit, then tells containerd. When the VM dies the wait fails at
+    /// once and the process is reported exited with [`VM_GONE_EXIT_STATUS`].
+    pub(super) fn watch_exit(self: &Arc<Self>, cid: &str, exec_id: &str, agent: Arc<dyn Agent>) {
+        let inner = self.clone();
+        let (cid, exec_id) = (cid.to_string(), exec_id.to_string());
+        tokio::spawn(async move {
+            let code = match agent.wait_process(&cid, &exec_id).await {
+                Ok(s) => s as u32,
+                Err(e) => {
+                    warn!(inner.log, "waiting for the process failed; reporting it exited"; "container" => &cid, "exec" => &exec_id, "status" => VM_GONE_EXIT_STATUS, "error" => %e);
+                    VM_GONE_EXIT_STATUS
+                }
+            };
+            // Take the relays out so their output can finish without the lock held.
+            let relays = inner
+                .lock()
+                .process_mut(&cid, &exec_id)
+                .ok()
+                .and_then(|p| p.relays.take());
+            if let Some(mut r) = relays {
+                r.wait_outputs().await;
+                r.stop_stdin();
+            }
+            inner.record_exit(&cid, &exec_id, code).await;
+        });
+    }
+
+    /// Marks a process stopped with `code` (unless it already is) and publishes TaskExit.
+    async fn record_exit(&self, cid: &str, exec_id: &str, code: u32) {
+        let at = SystemTime::now();
+        let pid = {
+            let mut st = self.lock();
+            let pid = st.task_pid();
+            match st.process_mut(cid, exec_id) {
+                Ok(p) if p.status != Status::Stopped => {
+                    p.status = Status::Stopped;
+                    p.exit_tx.send_replace(Some(Exit { status: code, at }));
+                }
+                // Deleted meanwhile, or already reported.
+                _ => return,
+            }
+            pid
+        };
+        info!(self.log, "process exited"; "container" => cid, "exec" => exec_id, "status" => code);
+        self.events.exit(cid, exec_id, pid, code, at).await;
+    }
+
+    /// When the sandbox's VM ends on its own, reports the processes nobody waits for
+    /// (created, never started) exited too; started ones are reported by `watch_exit`.
+    pub(super) fn watch_sandbox(self: &Arc<Self>, sb: &Arc<Sandbox>) {
+        let inner = self.clone();
+        let mut ended = sb.ended();
+        tokio::spawn(async move {
+            let cause = match ended.wait_for(Option::is_some).await {
+                Ok(c) => c.clone().unwrap_or_default(),
+                // The sandbox was destroyed without its VM dying first.
+                Err(_) => return,
+            };
+            let unstarted: Vec<(String, String)> = {
+                let st = inner.lock();
+                st.containers
+                    .iter()
+                    .flat_map(|(cid, c)| {
+                        std::iter::once((String::new(), &c.init))
+                            .chain(c.execs.iter().map(|(id, p)| (id.clone(), p)))
+                            .filter(|(_, p)| p.status == Status::Created && !p.starting)
+                            .map(move |(exec_id, _)| (cid.clone(), exec_id))
+                    })
+                    .collect()
+            };
+            warn!(inner.log, "sandbox VM ended"; "cause" => &cause, "unstarted_processes" => unstarted.len());
+            for (cid, exec_id) in unstarted {
+                inner.record_exit(&cid, &exec_id, VM_GONE_EXIT_STATUS).await;
+            }
+        });
+    }
+}
