@@ -8,7 +8,8 @@ Figures (median and min-max over BENCH_RUNS runs, kata and runc alternating A/B)
      trivial init under the same accelerator); ours - floor.
   2. kata phase breakdown from the ts fields of the shim's log lines in containerd's log.
   3. stdout throughput (container -> ctr -> host reader) and the vsock ceiling (the
-     agent's bench sink on vsock port 1025, read through the sandbox's hybrid vsock UDS).
+     agent's bench sink on vsock port 1025, read through the sandbox's hybrid vsock UDS;
+     enabled by `agent.bench_sink=1` in the configuration's kernel_params).
   4. `ctr task exec ... true` latency into a running container.
   5. PSS of the shim, VMM, virtiofsd and vsock backend of one idle sandbox; runc's shim.
   6. density: BENCH_DENSITY sandboxes started in parallel.
@@ -43,6 +44,7 @@ PREFIX = "kb%d" % os.getpid()  # every container id this bench makes starts with
 SBS = "/run/vc/sbs"
 VMDIR = "/run/vc/vm"
 BENCH_SINK_PORT = 1025
+BENCH_SINK_PARAM = "agent.bench_sink=1"  # kernel_params word that turns the sink on
 MB = 1e6
 
 
@@ -387,9 +389,12 @@ class Bench:
                            ("image", self.image_tar)):
             if not os.path.isfile(path):
                 raise RuntimeError("%s %s missing (run `make bench`, which builds it)" % (what, path))
+        # The agent starts its bench sink (vsock port 1025, read by vsock_ceiling) only when
+        # the kernel command line asks for it; production sandboxes have no such port.
         with open(self.conf, "w") as f:
             f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\nvsock_backend = "%s/kata-vsock"\n'
-                    '[runtime]\nenable_debug = true\n' % (self.kernel, self.initrd, self.shim_dir))
+                    'kernel_params = "%s"\n[runtime]\nenable_debug = true\n'
+                    % (self.kernel, self.initrd, self.shim_dir, BENCH_SINK_PARAM))
         self.floor_initrd = os.path.join(self.work, "floor.img")
         rc, _, err = run(["bash", os.path.join(REPO, "guest/build-floor-initrd.sh"),
                           self.floor_initrd], timeout=300)

@@ -1,35 +1,51 @@
-//! Benchmark source for `make bench` (bench/): when the agent is PID 1 it also listens on
-//! vsock port 1025 and, for each connection, writes zeros as fast as it can until the
-//! peer closes. The host reads them through the sandbox's hybrid vsock socket
-//! (`CONNECT 1025`) to measure the raw vsock ceiling of the VM, the channel container
-//! stdout travels through. One plain thread per connection; no async, no new deps.
+//! Benchmark source for `make bench` (bench/): when the guest kernel command line carries
+//! `agent.bench_sink=1` (bench.py sets it through `kernel_params`), the agent as PID 1
+//! also listens on vsock port 1025 and, for each connection from the host, writes zeros
+//! as fast as it can until the peer closes. The host reads them through the sandbox's
+//! hybrid vsock socket (`CONNECT 1025`) to measure the raw vsock ceiling of the VM, the
+//! channel container stdout travels through. A production sandbox has no such port; when
+//! there is one, it serves the host only, like the API (see `host_only`). One plain
+//! thread per connection; no async.
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
 
+use kata_agent::host_only::{check_peer, Peer};
 use nix::sys::socket::{
-    accept4, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
+    accept4, bind, getpeername, listen, socket, AddressFamily, Backlog, SockFlag, SockType,
+    VsockAddr,
 };
+use slog::{info, warn, Logger};
 
 pub const BENCH_SINK_PORT: u32 = 1025;
 
-/// Starts the listener thread; failures are reported on stderr (the console) and ignored:
-/// the agent's real work must never depend on this.
-pub fn start() {
+/// The kernel command line word that turns the sink on.
+const ENABLE_PARAM: &str = "agent.bench_sink=1";
+
+/// Whether the kernel command line `cmdline` (/proc/cmdline) asks for the sink.
+pub fn requested(cmdline: &str) -> bool {
+    cmdline.split_whitespace().any(|word| word == ENABLE_PARAM)
+}
+
+/// Starts the listener thread; failures are logged and ignored: the agent's real work
+/// must never depend on this.
+pub fn start(log: Logger) {
+    info!(log, "bench sink enabled"; "port" => BENCH_SINK_PORT, "by" => ENABLE_PARAM);
+    let thread_log = log.clone();
     let spawned = std::thread::Builder::new()
         .name("bench-sink".into())
-        .spawn(|| {
-            if let Err(e) = serve() {
-                eprintln!("kata-agent: bench sink on vsock port {BENCH_SINK_PORT}: {e}");
+        .spawn(move || {
+            if let Err(e) = serve(&thread_log) {
+                warn!(thread_log, "bench sink stopped"; "port" => BENCH_SINK_PORT, "error" => %e);
             }
         });
     if let Err(e) = spawned {
-        eprintln!("kata-agent: cannot start the bench sink thread: {e}");
+        warn!(log, "cannot start the bench sink thread"; "error" => %e);
     }
 }
 
-fn serve() -> nix::Result<()> {
+fn serve(log: &Logger) -> nix::Result<()> {
     let fd = socket(
         AddressFamily::Vsock,
         SockType::Stream,
@@ -49,6 +65,22 @@ fn serve() -> nix::Result<()> {
         };
         // SAFETY: accept4 returned a new descriptor that nothing else owns.
         let mut out = unsafe { File::from_raw_fd(conn) };
+        // An unknown peer is refused too: closing `out` ends the connection unanswered.
+        let peer = match getpeername::<VsockAddr>(out.as_raw_fd()) {
+            Ok(addr) => Peer {
+                cid: addr.cid(),
+                port: addr.port(),
+            },
+            Err(e) => {
+                warn!(log, "bench sink: no peer address; closing"; "error" => %e);
+                continue;
+            }
+        };
+        if let Err(refused) = check_peer(BENCH_SINK_PORT, peer) {
+            warn!(log, "{refused}"; "port" => BENCH_SINK_PORT, "peer_cid" => peer.cid,
+                "peer_port" => peer.port);
+            continue;
+        }
         let _ = std::thread::Builder::new()
             .name("bench-sink-conn".into())
             .spawn(move || {
@@ -56,5 +88,20 @@ fn serve() -> nix::Result<()> {
                 // Ends with EPIPE/ECONNRESET once the peer closes.
                 while out.write_all(&zeros).is_ok() {}
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_parameter_enables_the_sink() {
+        assert!(requested("console=ttyS0 agent.bench_sink=1 quiet\n"));
+        assert!(requested("agent.bench_sink=1"));
+        assert!(!requested("console=ttyS0 reboot=t panic=-1 quiet\n"));
+        assert!(!requested("agent.bench_sink=0"));
+        assert!(!requested("agent.bench_sink"));
+        assert!(!requested("xagent.bench_sink=1 agent.bench_sink=10"));
     }
 }

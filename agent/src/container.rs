@@ -78,9 +78,7 @@ impl Container {
         nix::unistd::write(&pending.start, b"s")
             .map_err(|e| AgentError::Internal(format!("start container {}: {e}", self.id)))?;
         drop(pending.start);
-        process::wait_exec(log, pending.sync)
-            .await
-            .map_err(AgentError::FailedPrecondition)
+        process::wait_exec(log, pending.sync).await
     }
 
     pub async fn is_started(&self) -> bool {
@@ -117,6 +115,11 @@ impl Container {
         }
         execs.insert(process.exec_id.clone(), process);
         Ok(())
+    }
+
+    /// Forgets an exec'd process that failed to start.
+    pub async fn remove_exec(&self, exec_id: &str) {
+        self.execs.lock().await.remove(exec_id);
     }
 
     /// The container's cgroup, for operations that need one.

@@ -18,6 +18,23 @@ pub enum AgentError {
 
 pub type Result<T> = std::result::Result<T, AgentError>;
 
+impl AgentError {
+    /// The same error, its message prefixed with `context` (e.g. "create container x").
+    pub fn context(self, context: &str) -> AgentError {
+        match self {
+            AgentError::NotFound(m) => AgentError::NotFound(format!("{context}: {m}")),
+            AgentError::AlreadyExists(m) => AgentError::AlreadyExists(format!("{context}: {m}")),
+            AgentError::InvalidArgument(m) => {
+                AgentError::InvalidArgument(format!("{context}: {m}"))
+            }
+            AgentError::FailedPrecondition(m) => {
+                AgentError::FailedPrecondition(format!("{context}: {m}"))
+            }
+            AgentError::Internal(m) => AgentError::Internal(format!("{context}: {m}")),
+        }
+    }
+}
+
 impl From<AgentError> for ttrpc::Error {
     fn from(e: AgentError) -> ttrpc::Error {
         let code = match &e {

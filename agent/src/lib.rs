@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod container;
 pub mod devpts;
 pub mod error;
+pub mod host_only;
 pub mod init;
 pub mod logging;
 pub mod process;

@@ -14,8 +14,9 @@ use kata_agent::cgroup::CgroupRoot;
 use kata_agent::rpc::AgentRpc;
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
-use kata_agent::{init, logging, reaper::Reaper, stage};
+use kata_agent::{host_only, init, logging, reaper::Reaper, stage};
 use slog::{error, info, Logger};
+use ttrpc::r#async::transport::Listener;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -48,7 +49,11 @@ fn main() {
         // Where boot time goes, in ms since the kernel started.
         slog::info!(log, "agent started"; "init_ms" => started_ms,
             "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms());
-        bench_sink::start();
+        match std::fs::read_to_string("/proc/cmdline") {
+            Ok(cmdline) if bench_sink::requested(&cmdline) => bench_sink::start(log.clone()),
+            Ok(_) => {}
+            Err(e) => slog::warn!(log, "cannot read /proc/cmdline; no bench sink"; "error" => %e),
+        }
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
         if let Err(e) = serve(&log, &addr, true) {
             init::fatal(&log, &e);
@@ -98,12 +103,9 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
             sandbox: sandbox.clone(),
             on_destroy,
         });
-        if let Some(path) = addr.strip_prefix("unix://") {
-            let _ = std::fs::remove_file(path);
-        }
+        let listener = listen(log, addr).map_err(|e| format!("listen on {addr}: {e}"))?;
         let mut server = ttrpc::r#async::Server::new()
-            .bind(addr)
-            .map_err(|e| format!("listen on {addr}: {e}"))?
+            .add_listener(listener)
             .register_service(protocols::agent_ttrpc::create_agent_service(service));
         server
             .start()
@@ -122,4 +124,29 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
         let _ = server.shutdown().await;
         Ok(())
     })
+}
+
+/// The API's listener: on vsock, one that serves the host only (see `host_only`); on a
+/// unix socket (tests on the host), ttrpc's own.
+fn listen(log: &Logger, addr: &str) -> Result<Listener, String> {
+    if let Some(vsock) = addr.strip_prefix("vsock://") {
+        let parsed = vsock.split_once(':').and_then(|(cid, port)| {
+            // ttrpc's spelling of VMADDR_CID_ANY.
+            let cid = match cid {
+                "-1" => libc::VMADDR_CID_ANY,
+                cid => cid.parse().ok()?,
+            };
+            Some((cid, port.parse().ok()?))
+        });
+        let (cid, port) =
+            parsed.ok_or_else(|| format!("expected vsock://CID:PORT, got {addr:?}"))?;
+        return host_only::ttrpc_listener(log.clone(), cid, port).map_err(|e| e.to_string());
+    }
+    let Some(path) = addr.strip_prefix("unix://") else {
+        return Err(format!(
+            "unsupported address {addr:?}: expected unix:///path or vsock://CID:PORT"
+        ));
+    };
+    let _ = std::fs::remove_file(path);
+    Listener::bind(addr).map_err(|e| e.to_string())
 }

@@ -13,6 +13,7 @@ use nix::unistd::pipe2;
 use slog::{info, Logger};
 use tokio::sync::Mutex;
 
+use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
 use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, STAGE_ARG};
 use crate::stdio::{self, OutputStream, SharedFd};
@@ -84,8 +85,9 @@ pub async fn launch(
     terminal: Option<&Path>,
     with_stdin: bool,
     with_start: bool,
-) -> Result<Launched, String> {
-    let io_err = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+) -> Result<Launched> {
+    let io_err =
+        |what: &str, e: &dyn std::fmt::Display| AgentError::Internal(format!("{what}: {e}"));
     let (config_r, config_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("config pipe", &e))?;
     let (sync_agent, sync_stage) = socketpair(
         AddressFamily::Unix,
@@ -195,7 +197,7 @@ async fn handshake(
     reaper: &Reaper,
     sync: OwnedFd,
     want_ready: bool,
-) -> Result<(OwnedFd, i32, ExitReceiver), String> {
+) -> Result<(OwnedFd, i32, ExitReceiver)> {
     let mut pid = None;
     let mut ready = !want_ready;
     let mut sync = sync;
@@ -211,44 +213,51 @@ async fn handshake(
                     b"ack",
                     nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
                 )
-                .map_err(|e| format!("acknowledge container pid: {e}"))?;
+                .map_err(|e| AgentError::Internal(format!("acknowledge container pid: {e}")))?;
             }
             Some(StageMessage::Ready) => ready = true,
             Some(StageMessage::Log(line)) => info!(log, "stage: {}", line),
-            Some(StageMessage::Error(e)) => return Err(e),
-            None => return Err("container stage exited without reporting a process".into()),
+            Some(StageMessage::Error(e)) => return Err(AgentError::FailedPrecondition(e)),
+            Some(StageMessage::InvalidSpec(e)) => return Err(AgentError::InvalidArgument(e)),
+            None => {
+                return Err(AgentError::FailedPrecondition(
+                    "container stage exited without reporting a process".into(),
+                ))
+            }
         }
     }
-    let (pid, rx) = pid.ok_or("container stage reported no pid")?;
+    let (pid, rx) =
+        pid.ok_or_else(|| AgentError::Internal("container stage reported no pid".into()))?;
     Ok((sync, pid, rx))
 }
 
 /// Waits until the container process has called execve (end of stream on the sync
 /// socket) or reports why it could not.
-pub async fn wait_exec(log: &Logger, sync: OwnedFd) -> Result<(), String> {
+pub async fn wait_exec(log: &Logger, sync: OwnedFd) -> Result<()> {
     let mut sync = sync;
     loop {
         let (fd, msg) = next_message(sync).await?;
         sync = fd;
         match msg {
             None => return Ok(()),
-            Some(StageMessage::Error(e)) => return Err(e),
+            Some(StageMessage::Error(e)) => return Err(AgentError::FailedPrecondition(e)),
+            Some(StageMessage::InvalidSpec(e)) => return Err(AgentError::InvalidArgument(e)),
             Some(StageMessage::Log(line)) => info!(log, "stage: {}", line),
             Some(other) => info!(log, "unexpected stage message"; "message" => ?other),
         }
     }
 }
 
-async fn next_message(sync: OwnedFd) -> Result<(OwnedFd, Option<StageMessage>), String> {
+async fn next_message(sync: OwnedFd) -> Result<(OwnedFd, Option<StageMessage>)> {
     tokio::task::spawn_blocking(move || {
         let msg = recv_message(sync.as_fd());
         (sync, msg)
     })
     .await
-    .map_err(|e| format!("read from container stage: {e}"))
+    .map_err(|e| AgentError::Internal(format!("read from container stage: {e}")))
     .and_then(|(fd, msg)| {
         msg.map(|m| (fd, m))
-            .map_err(|e| format!("read from container stage: {e}"))
+            .map_err(|e| AgentError::Internal(format!("read from container stage: {e}")))
     })
 }
 

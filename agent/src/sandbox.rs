@@ -118,9 +118,7 @@ impl Sandbox {
                     if let Some(dir) = &devpts {
                         crate::devpts::unmount_instance(dir);
                     }
-                    return Err(AgentError::FailedPrecondition(format!(
-                        "create container {id}: {e}"
-                    )));
+                    return Err(e.context(&format!("create container {id}")));
                 }
             };
         let start = launched
@@ -222,11 +220,14 @@ impl Sandbox {
             false,
         )
         .await
-        .map_err(|e| AgentError::FailedPrecondition(format!("exec in container {id}: {e}")))?;
+        .map_err(|e| e.context(&format!("exec in container {id}")))?;
         let proc = Arc::new(launched.process);
         container.add_exec(proc.clone()).await?;
         if let Err(e) = process::wait_exec(&self.log, launched.sync).await {
-            return Err(AgentError::FailedPrecondition(e));
+            // The process never ran (it exits, and the reaper collects it); keeping its
+            // entry would only make a retry with the same exec_id fail.
+            container.remove_exec(exec_id).await;
+            return Err(e.context(&format!("exec in container {id}")));
         }
         info!(self.log, "process started"; "container_id" => id, "exec_id" => exec_id, "pid" => proc.pid);
         Ok(())

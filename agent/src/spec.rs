@@ -93,6 +93,9 @@ pub struct Rlimit {
 pub struct User {
     pub uid: u32,
     pub gid: u32,
+    /// A name to look up in the container's /etc/passwd (see `stage::passwd`); it sets
+    /// uid and gid.
+    pub username: Option<String>,
     pub umask: Option<u32>,
     pub additional_gids: Vec<u32>,
 }
@@ -197,9 +200,27 @@ impl Spec {
         }
         if let Some(linux) = &spec.linux {
             crate::stage::sysctl::validate(&linux.sysctl)?;
+            validate_namespaces(&linux.namespaces)?;
         }
         Ok(spec)
     }
+}
+
+/// Refuses namespace types the stage cannot create or join: ignoring one would run the
+/// container with less isolation than its spec asked for.
+fn validate_namespaces(namespaces: &[Namespace]) -> Result<(), String> {
+    use crate::stage::NAMESPACE_TYPES;
+    for (i, ns) in namespaces.iter().enumerate() {
+        if !NAMESPACE_TYPES.contains(&ns.typ.as_str()) {
+            return Err(format!(
+                "linux.namespaces[{i}].type {:?} is not a namespace type this agent supports: \
+                 use one of {}",
+                ns.typ,
+                NAMESPACE_TYPES.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -227,5 +248,13 @@ mod tests {
         assert!(Spec::from_json(no_args).is_err());
         let rel = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"r"}}"#;
         assert!(Spec::from_json(rel).unwrap_err().contains("root.path"));
+        let bad_ns = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"/r"},
+            "linux":{"namespaces":[{"type":"pid"},{"type":"wormhole"}]}}"#;
+        let err = Spec::from_json(bad_ns).expect_err("unknown namespace type");
+        assert!(
+            err.contains(r#"linux.namespaces[1].type "wormhole""#),
+            "{err}"
+        );
+        assert!(err.contains("use one of pid, network"), "{err}");
     }
 }

@@ -174,37 +174,30 @@ async fn exec_signal_and_remove() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_errors() {
     let agent = TestAgent::start("errors").await;
+    // What the rootfs lacks fails CreateContainer, before anything starts.
     let rootfs = agent.rootfs("n");
-    agent
+    let err = agent
         .create("n", agent.spec(&rootfs, &["nosuchbin"], &[], "/"), false)
         .await
-        .expect("create");
-    let err = agent
-        .start_container("n")
-        .await
-        .expect_err("start must fail");
+        .expect_err("create must fail");
+    assert_eq!(code(&err), Some(ttrpc::Code::INVALID_ARGUMENT), "{err:?}");
     assert!(
-        message(&err).contains(r#"exec "nosuchbin": No such file or directory"#),
+        message(&err).contains(r#"process.args[0] "nosuchbin": no such executable file"#),
         "{}",
         message(&err)
     );
-    agent.remove("n").await.expect("remove");
 
     let rootfs = agent.rootfs("d");
-    agent
+    let err = agent
         .create("d", agent.spec(&rootfs, &["true"], &[], "/nope"), false)
         .await
-        .expect("create");
-    let err = agent
-        .start_container("d")
-        .await
-        .expect_err("start must fail");
+        .expect_err("create must fail");
+    assert_eq!(code(&err), Some(ttrpc::Code::INVALID_ARGUMENT), "{err:?}");
     assert!(
-        message(&err).contains(r#"chdir to cwd "/nope""#),
+        message(&err).contains(r#"process.cwd "/nope": no such file or directory"#),
         "{}",
         message(&err)
     );
-    agent.remove("d").await.expect("remove");
 
     let err = agent
         .create("bad", b"{not json".to_vec(), false)

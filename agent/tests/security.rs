@@ -6,8 +6,13 @@
 mod common;
 mod hardening;
 
+use std::path::Path;
+
 use common::{message, TestAgent};
-use hardening::{expect_create_error, rootfs, run, run_ok, spec, status_field};
+use hardening::{
+    expect_create_error, expect_create_invalid, rootfs, run, run_ok, spec, status_field,
+};
+use protocols::agent::ExecProcessRequest;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,6 +275,162 @@ async fn bad_input_fails_clearly_and_the_agent_goes_on() {
     // The agent still runs containers.
     let out = run_ok(&agent, "after", "echo still-alive", |_| {}).await;
     assert_eq!(out, "still-alive\n");
+}
+
+/// A spec that the container's rootfs cannot satisfy fails CreateContainer (or
+/// ExecProcess) with INVALID_ARGUMENT and a message that names the field, the value and
+/// what to do; nothing of the attempt stays behind, and the agent goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_the_rootfs_cannot_satisfy_is_refused_and_leaves_nothing() {
+    let agent = TestAgent::start("rootfsinput").await;
+    let root = rootfs(&agent, "r");
+    std::fs::create_dir_all(root.join("etc")).expect("mkdir etc");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nworker:x:1234:1235::/:/bin/sh\n",
+    )
+    .expect("write passwd");
+
+    let no_cmd = spec(&agent, &root, "true", |s| {
+        s["process"]["args"] = json!(["no-such-command", "arg"]);
+    });
+    let needles = [
+        r#"process.args[0] "no-such-command": no such executable file"#,
+        "PATH=/bin",
+        "add it to the image",
+    ];
+    expect_create_invalid(&agent, "cmd", no_cmd, &needles).await;
+    let no_abs_cmd = spec(&agent, &root, "true", |s| {
+        s["process"]["args"] = json!(["/bin/nope"]);
+    });
+    let needles = [r#""/bin/nope": no such file or directory"#];
+    expect_create_invalid(&agent, "abscmd", no_abs_cmd, &needles).await;
+    let not_exec = spec(&agent, &root, "true", |s| {
+        s["process"]["args"] = json!(["/etc/passwd"]);
+    });
+    let needles = [r#""/etc/passwd": not an executable file"#];
+    expect_create_invalid(&agent, "notexec", not_exec, &needles).await;
+
+    let no_cwd = spec(&agent, &root, "true", |s| {
+        s["process"]["cwd"] = "/no/such/dir".into();
+    });
+    let needles = [
+        r#"process.cwd "/no/such/dir": no such file or directory"#,
+        "create it in the image",
+    ];
+    expect_create_invalid(&agent, "cwd", no_cwd, &needles).await;
+
+    let no_user = spec(&agent, &root, "true", |s| {
+        s["process"]["user"] = json!({"uid": 0, "gid": 0, "username": "nosuchuser"});
+    });
+    let needles = [
+        r#"process.user.username "nosuchuser" is not in the container's /etc/passwd"#,
+        "numeric process.user.uid",
+    ];
+    expect_create_invalid(&agent, "user", no_user, &needles).await;
+
+    let bad_ns = spec(&agent, &root, "true", |s| {
+        s["linux"]["namespaces"]
+            .as_array_mut()
+            .expect("namespaces")
+            .push(json!({"type": "wormhole"}));
+    });
+    let needles = [
+        r#"type "wormhole" is not a namespace type"#,
+        "use one of pid",
+    ];
+    expect_create_invalid(&agent, "ns", bad_ns, &needles).await;
+
+    // Nothing is left: no process, no devpts instance, and the ids are free again.
+    assert_nothing_left(&agent, &["cmd", "abscmd", "notexec", "cwd", "user", "ns"]).await;
+    let named = spec(&agent, &root, "id -u; id -g", |s| {
+        s["process"]["user"] = json!({"username": "worker"});
+    });
+    let (status, out, err) = run(&agent, "user", named).await;
+    assert_eq!((status, out.as_str()), (0, "1234\n1235\n"), "stderr: {err}");
+
+    // A mount destination through symlinks that point out of the rootfs lands inside it.
+    let outside = agent.dir.join("outside");
+    std::fs::create_dir_all(&outside).expect("mkdir outside");
+    std::os::unix::fs::symlink(&outside, root.join("escape")).expect("symlink");
+    std::os::unix::fs::symlink("../../../../../..", root.join("up")).expect("symlink");
+    let shared = agent.dir.join("shared");
+    std::fs::create_dir_all(&shared).expect("mkdir shared");
+    std::fs::write(shared.join("f"), "bound").expect("write shared");
+    let shared_src = shared.display().to_string();
+    let through_links = spec(&agent, &root, "cat /escape/data/f /up/data2/f", |s| {
+        let mounts = s["mounts"].as_array_mut().expect("mounts");
+        for dest in ["/escape/data", "/up/data2"] {
+            mounts.push(
+                json!({"destination": dest, "type": "bind", "source": shared_src,
+                "options": ["rbind", "ro"]}),
+            );
+        }
+    });
+    let (status, out, err) = run(&agent, "links", through_links).await;
+    assert_eq!((status, out.as_str()), (0, "boundbound"), "stderr: {err}");
+    assert!(
+        !outside.join("data").exists(),
+        "a mount target escaped the rootfs"
+    );
+    assert!(!Path::new("/data2").exists(), "/up escaped the rootfs");
+    let inside = root.join(outside.strip_prefix("/").expect("absolute"));
+    assert!(inside.join("data").is_dir(), "{}", inside.display());
+    assert!(root.join("data2").is_dir());
+
+    // ExecProcess: the same checks, and a failed exec_id can be used again.
+    let sleeper = spec(&agent, &root, "sleep 1000", |_| {});
+    agent.create("svc", sleeper, false).await.expect("create");
+    agent.start_container("svc").await.expect("start");
+    let mut req = ExecProcessRequest::new();
+    req.container_id = "svc".into();
+    req.exec_id = "e".into();
+    req.process = br#"{"args":["no-such-command"],"env":["PATH=/bin"],"cwd":"/"}"#.to_vec();
+    let err = agent
+        .client
+        .exec_process(common::ctx(), &req)
+        .await
+        .expect_err("exec of a missing command");
+    assert_eq!(
+        common::code(&err),
+        Some(ttrpc::Code::INVALID_ARGUMENT),
+        "{err:?}"
+    );
+    assert!(
+        message(&err).contains(r#"exec in container svc: process.args[0] "no-such-command""#),
+        "{}",
+        message(&err)
+    );
+    req.process = br#"{"args":["echo","exec-ok"],"env":["PATH=/bin"],"cwd":"/"}"#.to_vec();
+    let out = agent.read_all_after_exec(&req).await;
+    assert_eq!(agent.wait("svc", "e").await, 0);
+    assert_eq!(out.await.expect("exec stdout"), b"exec-ok\n");
+    agent.remove("svc").await.expect("remove");
+    assert_nothing_left(&agent, &["svc", "links", "user"]).await;
+}
+
+/// Waits (up to 5 s, for the reaper) until the agent has no child process and no devpts
+/// instance of any of `ids` is mounted.
+async fn assert_nothing_left(agent: &TestAgent, ids: &[&str]) {
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = agent.children();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        for id in ids {
+            let pts = format!("{}/{id} ", kata_agent::devpts::DEVPTS_ROOT);
+            left.extend(
+                mounts
+                    .lines()
+                    .filter(|l| l.contains(&pts))
+                    .map(String::from),
+            );
+        }
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("left behind:\n{}", left.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 //! other capability sets, umask, no_new_privs, seccomp, and execve of `args[0]`
 //! resolved through the process's own PATH. Everything that can be checked without
 //! changing the process is checked first, in [`Launch::prepare`], so a bad capability
-//! name or seccomp profile fails early. Errors return as text; the caller reports them.
+//! name or seccomp profile fails early, and what the rootfs must provide (user name, cwd,
+//! command) in [`Launch::check_in_rootfs`]. Errors return as text; the caller reports them.
 
 use std::ffi::CString;
 use std::os::fd::BorrowedFd;
@@ -15,8 +16,9 @@ use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
 
 use super::caps::{self, CapabilitySets};
+use super::protocol::StageError;
 use super::seccomp::Filter;
-use super::{log, rlimits};
+use super::{log, passwd, rlimits};
 use crate::spec::{Process, Seccomp};
 
 /// A process ready to become the container's: its spec, checked and compiled.
@@ -24,6 +26,9 @@ pub struct Launch<'a> {
     process: &'a Process,
     caps: CapabilitySets,
     seccomp: Option<Filter>,
+    /// `process.user.uid`/`gid`, or what `username` resolved to in [`Launch::check_in_rootfs`].
+    uid: u32,
+    gid: u32,
 }
 
 impl<'a> Launch<'a> {
@@ -40,7 +45,68 @@ impl<'a> Launch<'a> {
             process,
             caps,
             seccomp,
+            uid: process.user.uid,
+            gid: process.user.gid,
         })
+    }
+
+    /// Checks what the container's rootfs must provide: the user name, the cwd and the
+    /// command. Runs inside the container's root (after pivot_root, or after joining its
+    /// mount namespace), still as full root, so that a spec the image cannot satisfy fails
+    /// CreateContainer or ExecProcess with a clear error rather than start.
+    pub fn check_in_rootfs(mut self) -> Result<Launch<'a>, StageError> {
+        let process = self.process;
+        if let Some(name) = process.user.username.as_deref().filter(|n| !n.is_empty()) {
+            let (uid, gid) = passwd::lookup(Path::new("/etc/passwd"), name)?;
+            if process.user.uid != 0 && process.user.uid != uid {
+                return Err(StageError::InvalidSpec(format!(
+                    "process.user.username {name:?} is uid {uid} in the container's \
+                     /etc/passwd but process.user.uid is {}: give one or make them agree",
+                    process.user.uid
+                )));
+            }
+            (self.uid, self.gid) = (uid, gid);
+        }
+        match std::fs::metadata(&process.cwd) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(StageError::InvalidSpec(format!(
+                    "process.cwd {:?}: not a directory in the container's rootfs: \
+                     choose a directory",
+                    process.cwd
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StageError::InvalidSpec(format!(
+                    "process.cwd {:?}: no such file or directory in the container's rootfs: \
+                     create it in the image or choose an existing directory",
+                    process.cwd
+                )))
+            }
+            Err(e) => return Err(format!("check process.cwd {:?}: {e}", process.cwd).into()),
+        }
+        let arg0 = &process.args[0];
+        let problem = if arg0.contains('/') {
+            // A relative path is relative to the cwd, where execve will run.
+            let path = Path::new(&process.cwd).join(arg0);
+            match path.metadata() {
+                Err(_) => Some("no such file or directory"),
+                Ok(_) if !is_executable(&path) => Some("not an executable file"),
+                Ok(_) => None,
+            }
+        } else {
+            resolve(arg0, process.path_env())
+                .is_none()
+                .then_some("no such executable file")
+        };
+        if let Some(problem) = problem {
+            return Err(StageError::InvalidSpec(format!(
+                "process.args[0] {arg0:?}: {problem} in the container's rootfs (PATH={}): \
+                 fix the command or add it to the image",
+                process.path_env()
+            )));
+        }
+        Ok(self)
     }
 
     /// Turns this process into the container process; returns only on error.
@@ -83,7 +149,7 @@ impl<'a> Launch<'a> {
         }
         self.caps.apply_bounding(sync)?;
         caps::set_keep_caps(true)?;
-        set_user(process)?;
+        set_user(process, self.uid, self.gid)?;
         if cwd_pending {
             chdir(process.cwd.as_str()).map_err(|e| chdir_error(&process.cwd, e))?;
         }
@@ -135,7 +201,7 @@ fn set_controlling_terminal() -> Result<(), String> {
 }
 
 /// Additional groups, then gid, then uid (after which setgroups is no longer allowed).
-fn set_user(process: &Process) -> Result<(), String> {
+fn set_user(process: &Process, uid: u32, gid: u32) -> Result<(), String> {
     let user = &process.user;
     let groups: Vec<Gid> = user
         .additional_gids
@@ -149,10 +215,10 @@ fn set_user(process: &Process) -> Result<(), String> {
             e.desc()
         )
     })?;
-    setgid(Gid::from_raw(user.gid))
-        .map_err(|e| format!("set gid {} (process.user.gid): {}", user.gid, e.desc()))?;
-    setuid(Uid::from_raw(user.uid))
-        .map_err(|e| format!("set uid {} (process.user.uid): {}", user.uid, e.desc()))
+    setgid(Gid::from_raw(gid))
+        .map_err(|e| format!("set gid {gid} (process.user.gid): {}", e.desc()))?;
+    setuid(Uid::from_raw(uid))
+        .map_err(|e| format!("set uid {uid} (process.user.uid): {}", e.desc()))
 }
 
 fn chdir_error(cwd: &str, e: Errno) -> String {
@@ -168,12 +234,14 @@ pub fn resolve(arg0: &str, path_env: &str) -> Option<PathBuf> {
         .split(':')
         .filter(|dir| !dir.is_empty())
         .map(|dir| Path::new(dir).join(arg0))
-        .find(|candidate| {
-            candidate
-                .metadata()
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
+        .find(|candidate| is_executable(candidate))
+}
+
+/// A regular file with an execute bit (execve checks the rest).
+fn is_executable(path: &Path) -> bool {
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 fn cstring(s: &str) -> Result<CString, String> {

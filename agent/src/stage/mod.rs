@@ -13,6 +13,7 @@ pub mod caps;
 mod devices;
 mod launch;
 mod mounts;
+mod passwd;
 pub mod paths;
 pub mod protocol;
 pub mod rlimits;
@@ -27,7 +28,7 @@ use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
 
 use crate::spec::Spec;
-use protocol::{recv_message, send_message, StageConfig, StageMessage, StageMode};
+use protocol::{recv_message, send_message, StageConfig, StageError, StageMessage, StageMode};
 
 /// Runs the stage and never returns.
 pub fn main() -> ! {
@@ -41,13 +42,13 @@ pub fn main() -> ! {
     );
     let result = run(sync.as_fd());
     if let Err(e) = result {
-        let _ = send_message(sync.as_fd(), &StageMessage::Error(e));
+        let _ = send_message(sync.as_fd(), &e.into());
         std::process::exit(1);
     }
     std::process::exit(0);
 }
 
-fn run(sync: BorrowedFd<'_>) -> Result<(), String> {
+fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
     // SAFETY: the agent placed the config pipe at CONFIG_FD; nothing else owns it.
     let mut config_pipe = unsafe { File::from_raw_fd(protocol::CONFIG_FD) };
     let mut bytes = Vec::new();
@@ -76,7 +77,8 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), String> {
         } => {
             enter_namespaces_of(init_pid)?;
             fork_and(sync, |sync| {
-                launch::Launch::prepare(sync, &process, seccomp.as_ref())?.exec(sync)
+                let launch = launch::Launch::prepare(sync, &process, seccomp.as_ref())?;
+                Ok(launch.check_in_rootfs()?.exec(sync)?)
             })
         }
     }
@@ -87,20 +89,16 @@ fn log(sync: BorrowedFd<'_>, line: String) {
 }
 
 /// Creates the container's namespaces, then forks its init process.
-fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
+fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
     let mut flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWPID;
     let mut join = Vec::new();
     for ns in spec.linux.iter().flat_map(|l| l.namespaces.iter()) {
-        let Some(flag) = namespace_flag(&ns.typ) else {
-            log(
-                sync,
-                format!("ignoring unknown namespace type {:?}", ns.typ),
-            );
-            continue;
-        };
+        // Spec::from_json refused unknown types already.
+        let flag = namespace_flag(&ns.typ)
+            .ok_or_else(|| format!("unknown namespace type {:?}", ns.typ))?;
         match ns.path.as_deref().filter(|p| !p.is_empty()) {
             Some(path) => {
                 flags.remove(flag);
@@ -125,6 +123,7 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.as_ref());
         let launch = launch::Launch::prepare(sync, process, seccomp)?;
         mounts::prepare_rootfs(sync, &spec)?;
+        let launch = launch.check_in_rootfs()?;
         if let Some(hostname) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
             nix::unistd::sethostname(hostname)
                 .map_err(|e| format!("set hostname {hostname:?}: {e}"))?;
@@ -139,7 +138,7 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), String> {
             _ => std::process::exit(1),
         }
         drop(start);
-        launch.exec(sync)
+        Ok(launch.exec(sync)?)
     })
 }
 
@@ -169,17 +168,17 @@ fn enter_namespaces_of(pid: i32) -> Result<(), String> {
 /// child's pid and exits once the agent has acknowledged it.
 fn fork_and(
     sync: BorrowedFd<'_>,
-    child: impl FnOnce(BorrowedFd<'_>) -> Result<(), String>,
-) -> Result<(), String> {
+    child: impl FnOnce(BorrowedFd<'_>) -> Result<(), StageError>,
+) -> Result<(), StageError> {
     // SAFETY: the stage is single-threaded (it was just exec'd and started no threads),
     // so the child may run arbitrary code.
     match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             let err = match child(sync) {
-                Ok(()) => "container process returned without exec".to_string(),
+                Ok(()) => "container process returned without exec".into(),
                 Err(e) => e,
             };
-            let _ = send_message(sync, &StageMessage::Error(err));
+            let _ = send_message(sync, &err.into());
             std::process::exit(127);
         }
         ForkResult::Parent { child } => {
@@ -191,6 +190,9 @@ fn fork_and(
         }
     }
 }
+
+/// The namespace types `linux.namespaces` may name.
+pub const NAMESPACE_TYPES: &[&str] = &["pid", "network", "mount", "ipc", "uts", "user", "cgroup"];
 
 fn namespace_flag(typ: &str) -> Option<CloneFlags> {
     Some(match typ {

@@ -57,8 +57,41 @@ pub enum StageMessage {
     Ready,
     /// Something failed; the text is for the user.
     Error(String),
+    /// The spec asks for what the container's rootfs does not have (a command, cwd or
+    /// user); the caller must change the spec or the image. The text is for the user.
+    InvalidSpec(String),
     /// A line for the agent's log (the stage's own stderr belongs to the container).
     Log(String),
+}
+
+/// How a step of the stage failed: through a bad spec (reported as
+/// [`StageMessage::InvalidSpec`]) or otherwise ([`StageMessage::Error`]). Plain `String`
+/// errors convert to `Failed`, so `?` works on the stage's many text errors.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StageError {
+    InvalidSpec(String),
+    Failed(String),
+}
+
+impl From<String> for StageError {
+    fn from(e: String) -> StageError {
+        StageError::Failed(e)
+    }
+}
+
+impl From<&str> for StageError {
+    fn from(e: &str) -> StageError {
+        StageError::Failed(e.to_string())
+    }
+}
+
+impl From<StageError> for StageMessage {
+    fn from(e: StageError) -> StageMessage {
+        match e {
+            StageError::InvalidSpec(e) => StageMessage::InvalidSpec(e),
+            StageError::Failed(e) => StageMessage::Error(e),
+        }
+    }
 }
 
 /// Sends one message as one packet.

@@ -45,6 +45,33 @@ impl Drop for AgentProcess {
     }
 }
 
+impl TestAgent {
+    /// The agent's pid, to look for processes it left behind.
+    pub fn pid(&self) -> u32 {
+        self._process.child.id()
+    }
+
+    /// Processes whose parent is the agent (it is a child subreaper, so every container
+    /// process it ever started ends up here until reaped).
+    pub fn children(&self) -> Vec<String> {
+        let agent = self.pid().to_string();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            if rest.split_whitespace().nth(1) == Some(agent.as_str()) {
+                found.push(stat.trim().to_string());
+            }
+        }
+        found
+    }
+}
+
 pub fn ctx() -> Context {
     ttrpc::context::with_timeout(0)
 }

@@ -89,3 +89,20 @@ pub async fn expect_create_error(agent: &TestAgent, id: &str, spec: Vec<u8>, nee
         "{id}: {err:?}"
     );
 }
+
+/// Expects CreateContainer to fail with INVALID_ARGUMENT (the spec's fault) and a
+/// message containing every one of `needles`.
+pub async fn expect_create_invalid(agent: &TestAgent, id: &str, spec: Vec<u8>, needles: &[&str]) {
+    let err = agent
+        .create(id, spec, false)
+        .await
+        .expect_err("create must fail");
+    for needle in needles {
+        assert!(message(&err).contains(needle), "{id}: {}", message(&err));
+    }
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::INVALID_ARGUMENT),
+        "{id}: {err:?}"
+    );
+}
