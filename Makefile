@@ -87,8 +87,16 @@ uninstall:
 demo: setup install image
 	bash scripts/demo.sh $(DEMO_DIR) $(IMAGE_TAR)
 
+# containerd 1.7 and 2.1 from Debian trixie's and sid's packages, unpacked (never installed)
+# into $(CONTAINERD_CACHE)/<series>/ for tests/tests/compat.rs. Skips what is there.
+CONTAINERD_CACHE ?= /var/cache/kata-containerd
+.PHONY: containerd-versions
+containerd-versions:
+	KATA_CONTAINERD_CACHE=$(CONTAINERD_CACHE) bash scripts/containerd-versions.sh >/dev/null
+
 # README command 2: every test, unit and end-to-end.
-test: setup build guest image
+test: setup build guest image containerd-versions
+	KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
 	KATA_TEST_KERNEL="$$(bash guest/build-kernel.sh)" \
 	KATA_TEST_INITRD=$(INITRD) \
 	KATA_TEST_SHIM_DIR=$(CURDIR)/target/release \

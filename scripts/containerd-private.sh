@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private containerd 1.6 instance living entirely under one directory, for tests.
+# A private containerd (1.6, 1.7 or 2.x) instance living entirely under one directory, for tests.
 #
 #   scripts/containerd-private.sh start DIR     -> prints DIR/containerd.sock
 #   scripts/containerd-private.sh stop DIR
@@ -18,9 +18,10 @@
 #   CONTAINERD_CNI_BIN_DIR / CONTAINERD_CNI_CONF_DIR   CRI CNI dirs (default /usr/lib/cni if
 #                                  present, else /opt/cni/bin; DIR/cni/net.d)
 #   CONTAINERD_LOG_LEVEL           default info
-#   CONTAINERD_EXTRA_TOML          text appended to config.toml
+#   CONTAINERD_EXTRA_TOML          text appended to config.toml (config version 2 for
+#                                  containerd 1.x, version 3 for 2.x: see config_version)
 #   CONTAINERD_START_TIMEOUT       seconds to wait for the socket (default 30)
-#   CONTAINERD (default containerd), CTR (default ctr)
+#   CONTAINERD (default containerd), CTR (default ctr): use each containerd's own ctr
 set -euo pipefail
 
 prog=containerd-private
@@ -93,6 +94,20 @@ descendants() {
     done
 }
 
+# The config version CONTAINERD reads natively: 2 for 1.x, 3 for 2.x (which would migrate a
+# version 2 file at every start, and whose CRI is split into several plugins).
+config_version() {
+    local v
+    v=$("$CONTAINERD" --version 2>/dev/null | awk '{print $3}') ||
+        die "'$CONTAINERD --version' failed"
+    v=${v#v}
+    case "$v" in
+    1.*) echo 2 ;;
+    [2-9].*) echo 3 ;;
+    *) die "cannot tell the version of '$CONTAINERD' from '$("$CONTAINERD" --version 2>&1 | head -n 1)'" ;;
+    esac
+}
+
 toml_str() { # quote a string for TOML
     local s=${1//\\/\\\\}
     printf '"%s"' "${s//\"/\\\"}"
@@ -119,7 +134,17 @@ start() {
     chmod 0711 "$dir"
     rm -f "$sock" "$sock.ttrpc" "$pidfile"
 
+    local cfgver cri_rt cri_img
+    cfgver=$(config_version)
     local disabled='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+    cri_rt='io.containerd.grpc.v1.cri' cri_img='io.containerd.grpc.v1.cri'
+    if [ "$cfgver" = 3 ]; then
+        # 2.x: CRI's runtime and image halves are plugins of their own, configured there.
+        # Disabling the CRI service alone stops CRI being served; the halves still load,
+        # as the pod sandbox controller and the sandbox-controllers service need them
+        # (both fail to load without them).
+        cri_rt='io.containerd.cri.v1.runtime' cri_img='io.containerd.cri.v1.images'
+    fi
     [ "${CONTAINERD_ENABLE_CRI:-0}" = 1 ] && disabled='disabled_plugins = []'
     local cni_bin=${CONTAINERD_CNI_BIN_DIR:-}
     if [ -z "$cni_bin" ]; then
@@ -131,7 +156,7 @@ start() {
 
     {
         echo "$MARK"
-        echo "version = 2"
+        echo "version = $cfgver"
         echo "root = $(toml_str "$dir/root")"
         echo "state = $(toml_str "$dir/state")"
         echo "$disabled"
@@ -152,15 +177,26 @@ start() {
         echo '[plugins."io.containerd.internal.v1.opt"]'
         echo "  path = $(toml_str "$dir/opt")"
         echo
-        echo '[plugins."io.containerd.grpc.v1.cri"]'
-        [ -n "${CONTAINERD_SANDBOX_IMAGE:-}" ] && echo "  sandbox_image = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
-        echo '[plugins."io.containerd.grpc.v1.cri".cni]'
-        echo "  bin_dir = $(toml_str "$cni_bin")"
+        if [ -n "${CONTAINERD_SANDBOX_IMAGE:-}" ]; then
+            if [ "$cfgver" = 3 ]; then
+                echo "[plugins.\"$cri_img\".pinned_images]"
+                echo "  sandbox = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+            else
+                echo "[plugins.\"$cri_img\"]"
+                echo "  sandbox_image = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+            fi
+        fi
+        echo "[plugins.\"$cri_rt\".cni]"
+        if [ "$cfgver" = 3 ]; then
+            echo "  bin_dirs = [$(toml_str "$cni_bin")]"
+        else
+            echo "  bin_dir = $(toml_str "$cni_bin")"
+        fi
         echo "  conf_dir = $(toml_str "$cni_conf")"
         # Naming any runtime replaces CRI's default map, so runc (default_runtime_name) too.
-        echo '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]'
+        echo "[plugins.\"$cri_rt\".containerd.runtimes.runc]"
         echo '  runtime_type = "io.containerd.runc.v2"'
-        echo '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]'
+        echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
         echo '  runtime_type = "io.containerd.kata.v2"'
         if [ -n "${CONTAINERD_EXTRA_TOML:-}" ]; then
             echo
