@@ -52,8 +52,10 @@ install-vsock: vsock
 kernel: setup
 	@bash guest/build-kernel.sh >/dev/null
 
+# BUSYBOX (a static busybox) is the debug console's shell; BUSYBOX= builds without one.
+BUSYBOX ?= /bin/busybox
 initrd: agent
-	bash guest/build-initrd.sh $(AGENT_BIN) $(INITRD)
+	bash guest/build-initrd.sh $(AGENT_BIN) $(INITRD) $(BUSYBOX)
 
 image:
 	@mkdir -p $(GUEST_CACHE)

@@ -9,13 +9,8 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
 
-use kata_agent::host_only::{check_peer, Peer};
-use nix::sys::socket::{
-    accept4, bind, getpeername, listen, socket, AddressFamily, Backlog, SockFlag, SockType,
-    VsockAddr,
-};
+use kata_agent::host_only::{accept_from_host, blocking_listener};
 use slog::{info, warn, Logger};
 
 pub const BENCH_SINK_PORT: u32 = 1025;
@@ -46,41 +41,9 @@ pub fn start(log: Logger) {
 }
 
 fn serve(log: &Logger) -> nix::Result<()> {
-    let fd = socket(
-        AddressFamily::Vsock,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    bind(
-        fd.as_raw_fd(),
-        &VsockAddr::new(libc::VMADDR_CID_ANY, BENCH_SINK_PORT),
-    )?;
-    listen(&fd, Backlog::new(4)?)?;
+    let listener = blocking_listener(BENCH_SINK_PORT)?;
     loop {
-        let conn = match accept4(fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-            Ok(c) => c,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-        };
-        // SAFETY: accept4 returned a new descriptor that nothing else owns.
-        let mut out = unsafe { File::from_raw_fd(conn) };
-        // An unknown peer is refused too: closing `out` ends the connection unanswered.
-        let peer = match getpeername::<VsockAddr>(out.as_raw_fd()) {
-            Ok(addr) => Peer {
-                cid: addr.cid(),
-                port: addr.port(),
-            },
-            Err(e) => {
-                warn!(log, "bench sink: no peer address; closing"; "error" => %e);
-                continue;
-            }
-        };
-        if let Err(refused) = check_peer(BENCH_SINK_PORT, peer) {
-            warn!(log, "{refused}"; "port" => BENCH_SINK_PORT, "peer_cid" => peer.cid,
-                "peer_port" => peer.port);
-            continue;
-        }
+        let mut out = File::from(accept_from_host(log, &listener, BENCH_SINK_PORT)?);
         let _ = std::thread::Builder::new()
             .name("bench-sink-conn".into())
             .spawn(move || {

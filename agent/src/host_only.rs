@@ -8,14 +8,20 @@
 //! and logged with the peer's address. The server keeps accepting.
 //!
 //! [`ttrpc_listener`] is the agent API's listener (its own accept loop, handed to the
-//! ttrpc server as a stream of checked connections); [`check_peer`] is the rule, also
-//! used by the blocking bench sink.
+//! ttrpc server as a stream of checked connections); [`check_peer`] is the rule;
+//! [`blocking_listener`] and [`accept_from_host`] serve the blocking services (the bench
+//! sink, the debug console) by the same rule.
 
 use std::future::ready;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use futures::stream::{self, Stream, StreamExt};
+use nix::sys::socket::{
+    accept4, bind, getpeername, listen, socket, AddressFamily, Backlog, SockFlag, SockType,
+    VsockAddr as NixVsockAddr,
+};
 use slog::{warn, Logger};
 use tokio_vsock::{VsockAddr, VsockListener};
 use ttrpc::r#async::transport::Listener;
@@ -54,6 +60,53 @@ pub fn check_peer(port: u32, peer: Peer) -> Result<(), Refused> {
         Ok(())
     } else {
         Err(Refused { port, peer })
+    }
+}
+
+/// A blocking vsock listener on `port` of any local CID, for [`accept_from_host`].
+pub fn blocking_listener(port: u32) -> nix::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Vsock,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(
+        fd.as_raw_fd(),
+        &NixVsockAddr::new(libc::VMADDR_CID_ANY, port),
+    )?;
+    listen(&fd, Backlog::new(4)?)?;
+    Ok(fd)
+}
+
+/// Blocks until a connection from the host arrives on `listener` (bound to `port`) and
+/// returns it; every other connection is closed unanswered and logged on the way. Errors
+/// only when accepting itself fails.
+pub fn accept_from_host(log: &Logger, listener: &OwnedFd, port: u32) -> nix::Result<OwnedFd> {
+    loop {
+        let conn = match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+            Ok(c) => c,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        };
+        // SAFETY: accept4 returned a new descriptor that nothing else owns.
+        let conn = unsafe { OwnedFd::from_raw_fd(conn) };
+        // An unknown peer is refused too: dropping `conn` ends the connection unanswered.
+        let peer = match getpeername::<NixVsockAddr>(conn.as_raw_fd()) {
+            Ok(addr) => Peer {
+                cid: addr.cid(),
+                port: addr.port(),
+            },
+            Err(e) => {
+                warn!(log, "vsock peer without an address; closing"; "port" => port, "error" => %e);
+                continue;
+            }
+        };
+        match check_peer(port, peer) {
+            Ok(()) => return Ok(conn),
+            Err(refused) => warn!(log, "{refused}"; "port" => port, "peer_cid" => peer.cid,
+                "peer_port" => peer.port),
+        }
     }
 }
 

@@ -144,6 +144,22 @@ pub fn boot_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// Binds the initrd's `/bin` (the debug console's shell) at `new_root`/bin, to stay
+/// reachable from the new root; `debug_console` removes it at boot when the console is
+/// off. Best effort: without it the console says it has no shell, and nothing else needs
+/// it (runs before logging exists, so it cannot say why).
+fn bind_shell_dir(new_root: &Path) {
+    let shell_dir = Path::new(crate::debug_console::SHELL_DIR);
+    if !shell_dir.is_dir() {
+        return;
+    }
+    let target = new_root.join("bin");
+    if fs::create_dir_all(&target).is_ok() {
+        let none: Option<&str> = None;
+        let _ = mount(Some(shell_dir), &target, none, MsFlags::MS_BIND, none);
+    }
+}
+
 /// Moves PID 1 off the initramfs onto a tmpfs root.
 ///
 /// The kernel's initial rootfs can never be unmounted or pivoted away from, so
@@ -168,6 +184,7 @@ pub fn leave_initramfs() -> Result<(), String> {
         fs::create_dir_all(new_root.join(dir))
             .map_err(|e| format!("create /newroot/{dir}: {e}"))?;
     }
+    bind_shell_dir(new_root);
     std::env::set_current_dir(new_root).map_err(|e| format!("chdir /newroot: {e}"))?;
     mount(Some("."), "/", none, MsFlags::MS_MOVE, none)
         .map_err(|e| format!("move /newroot to /: {e}"))?;

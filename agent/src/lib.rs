@@ -4,10 +4,11 @@
 //!
 //! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
 //! (launch via the re-executed `stage`) → `stdio`, `reaper`, `cgroup`; `init` holds the
-//! PID 1 duties.
+//! PID 1 duties; `debug_console` the opt-in shell for `kata-runtime exec`.
 
 pub mod cgroup;
 pub mod container;
+pub mod debug_console;
 pub mod devpts;
 pub mod error;
 pub mod host_only;

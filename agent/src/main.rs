@@ -1,7 +1,8 @@
 //! kata-agent's entry point. Three modes:
 //! - `kata-agent __container-stage`: the container stage (see `stage`), dispatched before
 //!   any thread exists;
-//! - PID 1 in the guest: mount, then serve on vsock port 1024;
+//! - PID 1 in the guest: mount, then serve on vsock port 1024 (and, when the kernel
+//!   command line asks, the bench sink on 1025 and the debug console on 1026);
 //! - `kata-agent --listen unix:///path.sock`: serve on the host for tests, as a child
 //!   subreaper, without mounting anything global.
 
@@ -14,7 +15,7 @@ use kata_agent::cgroup::CgroupRoot;
 use kata_agent::rpc::AgentRpc;
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
-use kata_agent::{host_only, init, logging, reaper::Reaper, stage};
+use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage};
 use slog::{error, info, Logger};
 use ttrpc::r#async::transport::Listener;
 
@@ -50,9 +51,17 @@ fn main() {
         slog::info!(log, "agent started"; "init_ms" => started_ms,
             "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms());
         match std::fs::read_to_string("/proc/cmdline") {
-            Ok(cmdline) if bench_sink::requested(&cmdline) => bench_sink::start(log.clone()),
-            Ok(_) => {}
-            Err(e) => slog::warn!(log, "cannot read /proc/cmdline; no bench sink"; "error" => %e),
+            Ok(cmdline) => {
+                if bench_sink::requested(&cmdline) {
+                    bench_sink::start(log.clone());
+                }
+                debug_console::start_or_remove_shell(&log, &cmdline);
+            }
+            Err(e) => {
+                slog::warn!(log, "cannot read /proc/cmdline; no bench sink, no debug console";
+                    "error" => %e);
+                debug_console::remove_shell(&log);
+            }
         }
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
         if let Err(e) = serve(&log, &addr, true) {

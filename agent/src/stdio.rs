@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Mutex};
 
 /// Bytes read from the fd at a time: as much as the pipe holds, so that a fast writer
 /// costs one read (and one wake-up) per pipe-full under TCG, where every syscall is dear.
-const CHUNK: usize = 1024 * 1024;
+const CHUNK: usize = protocols::STDIO_CHUNK;
 /// Chunks queued before the reader stops reading (so at most 2 MiB per stream).
 const QUEUE: usize = 2;
 /// Pipe buffer asked for a container's output (the default is 64 KiB): a process that

@@ -94,11 +94,15 @@ pub(crate) struct AgentSection {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct KataAgentSection {
     pub dial_timeout: u32,
+    pub debug_console_enabled: bool,
 }
 
 impl Default for KataAgentSection {
     fn default() -> Self {
-        Self { dial_timeout: 30 }
+        Self {
+            dial_timeout: 30,
+            debug_console_enabled: false,
+        }
     }
 }
 

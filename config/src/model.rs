@@ -100,6 +100,9 @@ pub struct KataAgentConfig {
     /// How long to wait for the agent to answer after the VM starts (whole seconds in
     /// the file, at least 1).
     pub dial_timeout: Duration,
+    /// A shell in the guest for `kata-runtime exec` (the agent's debug console on vsock
+    /// port 1026). Off by default: it is root in the VM, for debugging only.
+    pub debug_console_enabled: bool,
 }
 
 /// `[runtime]`.
@@ -134,6 +137,7 @@ impl Config {
                         }
                         Duration::from_secs(secs.into())
                     },
+                    debug_console_enabled: file.agent.kata.debug_console_enabled,
                 },
             },
             runtime: RuntimeConfig {

@@ -6,6 +6,20 @@ use std::path::Path;
 
 use crate::{Config, Error, HypervisorName};
 
+/// The host's memory in MiB (MemTotal), if it can be read.
+fn host_memory_mib() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024)
+}
+
 /// What a configured path must be.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -17,8 +31,8 @@ enum Kind {
 
 impl Config {
     /// Checks that the selected backend's binaries, kernel and initrd (and, for QEMU, its
-    /// helper daemons) exist and are files (binaries executable). Returns the first
-    /// problem found.
+    /// helper daemons) exist and are files (binaries executable), and that the VM's
+    /// memory fits this host. Returns the first problem found.
     pub fn validate_paths(&self) -> Result<(), Error> {
         let q = &self.hypervisor.qemu;
         let b = &self.hypervisor.builtin;
@@ -57,7 +71,31 @@ impl Config {
                 problem,
             })?;
         }
-        Ok(())
+        self.check_memory_fits(host_memory_mib())
+    }
+
+    /// A VM cannot have more memory than the host: QEMU would fail to map it, with an
+    /// error that names no key. (Overcommit below that is the user's choice.)
+    fn check_memory_fits(&self, host_mib: Option<u64>) -> Result<(), Error> {
+        let (key, memory) = match self.runtime.hypervisor_name {
+            HypervisorName::Qemu => (
+                "hypervisor.qemu.default_memory",
+                self.hypervisor.qemu.default_memory,
+            ),
+            HypervisorName::Builtin => (
+                "hypervisor.builtin.default_memory",
+                self.hypervisor.builtin.default_memory,
+            ),
+        };
+        match host_mib {
+            Some(host) if u64::from(memory) > host => Err(Error::Invalid {
+                origin: self.origin.clone(),
+                key,
+                value: memory.to_string(),
+                expected: format!("expected at most this host's memory, {host} (MiB)"),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -73,4 +111,31 @@ fn check(path: &Path, kind: Kind) -> Result<(), String> {
         return Err("the file is not executable".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    #[test]
+    fn memory_beyond_the_host_names_the_key_and_the_limit() {
+        let cfg = Config::from_str(
+            "[hypervisor.qemu]\ndefault_memory = 999999999\n",
+            "/etc/k.toml",
+        )
+        .unwrap();
+        let err = cfg.check_memory_fits(Some(24_000)).unwrap_err().to_string();
+        assert!(err.contains("/etc/k.toml"), "{err}");
+        assert!(
+            err.contains("hypervisor.qemu.default_memory = 999999999"),
+            "{err}"
+        );
+        assert!(err.contains("24000"), "{err}");
+        assert!(
+            cfg.check_memory_fits(None).is_ok(),
+            "an unknown host size is no error"
+        );
+        let small = Config::from_str("", "/etc/k.toml").unwrap();
+        assert!(small.check_memory_fits(Some(24_000)).is_ok());
+    }
 }

@@ -40,6 +40,7 @@ fn empty_file_gives_defaults() {
     assert_eq!(q.vsock_backend, PathBuf::from("/usr/local/bin/kata-vsock"));
     assert_eq!(q.accelerator, Accelerator::Auto);
     assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(30));
+    assert!(!c.agent.kata.debug_console_enabled);
     assert!(!c.runtime.enable_debug);
     assert_eq!(c.origin, PathBuf::from(ORIGIN));
 }
@@ -68,6 +69,7 @@ vsock_backend = "/opt/vsock"
 accelerator = "tcg"
 [agent.kata]
 dial_timeout = 5
+debug_console_enabled = true
 [runtime]
 enable_debug = true
 "#,
@@ -85,6 +87,7 @@ enable_debug = true
     assert_eq!(q.vsock_backend, PathBuf::from("/opt/vsock"));
     assert_eq!(q.accelerator, Accelerator::Tcg);
     assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(5));
+    assert!(c.agent.kata.debug_console_enabled);
     assert!(c.runtime.enable_debug);
 }
 
@@ -347,4 +350,23 @@ fn defaults_paths_are_checked_not_assumed() {
     if let Err(e) = Config::defaults().validate_paths() {
         assert!(e.to_string().contains("hypervisor.qemu."), "{e}");
     }
+}
+
+#[test]
+fn debug_console_is_off_unless_set_to_a_boolean() {
+    assert!(
+        !parse("[agent.kata]\n")
+            .unwrap()
+            .agent
+            .kata
+            .debug_console_enabled
+    );
+    let on = parse("[agent.kata]\ndebug_console_enabled = true\n").unwrap();
+    assert!(on.agent.kata.debug_console_enabled);
+    // Kata's spelling only, and a boolean: a string or a misplaced key is an error.
+    let msg = err("[agent.kata]\ndebug_console_enabled = \"yes\"\n");
+    assert!(msg.starts_with(ORIGIN), "{msg}");
+    assert!(msg.contains("debug_console_enabled"), "{msg}");
+    assert!(err("[runtime]\ndebug_console_enabled = true\n")
+        .contains("unknown field `debug_console_enabled`"));
 }

@@ -17,10 +17,13 @@
 //! the accelerator probe cache under `/run/kata-containers/`.
 
 pub mod accel;
+pub mod agent_params;
 pub mod builtin;
 mod error;
 pub mod process;
 pub mod qemu;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_skip;
 mod virtiofsd;
 mod vm;
 
@@ -28,22 +31,29 @@ pub use error::Error;
 pub use process::kill_and_reap;
 pub use vm::{Hypervisor, VmConfig, VmInfo};
 
-/// The virtio-fs tag the guest mounts the shared directory by.
-pub const SHARED_FS_TAG: &str = "kataShared";
-/// The guest vsock port the agent listens on.
-pub const AGENT_VSOCK_PORT: u32 = 1024;
+/// The virtio-fs tag the guest mounts the shared directory by, defined once in `protocols`
+/// (the agent mounts by the same constant).
+pub use protocols::SHARED_FS_TAG;
 
 /// The backend the configuration selects. `logger` should carry the sandbox id.
 pub fn new_hypervisor(cfg: &kata_config::Config, logger: slog::Logger) -> Box<dyn Hypervisor> {
+    let (qemu, builtin) = backend_configs(cfg);
     match cfg.runtime.hypervisor_name {
-        kata_config::HypervisorName::Qemu => {
-            Box::new(qemu::Qemu::new(cfg.hypervisor.qemu.clone(), logger))
-        }
-        kata_config::HypervisorName::Builtin => Box::new(builtin::Builtin::new(
-            cfg.hypervisor.builtin.clone(),
-            logger,
-        )),
+        kata_config::HypervisorName::Qemu => Box::new(qemu::Qemu::new(qemu, logger)),
+        kata_config::HypervisorName::Builtin => Box::new(builtin::Builtin::new(builtin, logger)),
     }
+}
+
+/// The backends' sections with the words `[agent.kata]` asks of the guest kernel command
+/// line in front of their `kernel_params` (see [`agent_params`]).
+fn backend_configs(
+    cfg: &kata_config::Config,
+) -> (kata_config::QemuConfig, kata_config::BuiltinConfig) {
+    let mut qemu = cfg.hypervisor.qemu.clone();
+    qemu.kernel_params = agent_params::with_agent_params(&cfg.agent, &qemu.kernel_params);
+    let mut builtin = cfg.hypervisor.builtin.clone();
+    builtin.kernel_params = agent_params::with_agent_params(&cfg.agent, &builtin.kernel_params);
+    (qemu, builtin)
 }
 
 /// A logger that drops everything, for callers that have none.

@@ -8,6 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,7 +54,10 @@ impl Daemon<'_> {
             path: self.log.clone(),
             source,
         })?;
+        // Its own process group, so that stopping it also stops what it forked (virtiofsd
+        // runs its sandboxed worker as a child): see `kill_and_reap`.
         let child = Command::new(self.program)
+            .process_group(0)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -131,6 +135,9 @@ fn is_zombie(pid: i32) -> bool {
 
 /// Sends SIGTERM to every pid, SIGKILL after `grace` to those still running, and waits
 /// until all are gone (reaping those that are our children). Pids `<= 0` are ignored.
+/// A pid that leads a process group (every [`Daemon`] does) is signalled with its whole
+/// group, and is gone only once nothing of the group is left: a helper's children
+/// (virtiofsd's sandboxed worker) never outlive the stop.
 /// Returns the pids still running after SIGKILL and a further 5 s (normally none).
 ///
 /// Used by `stop_vm`, by `start_vm` when a step fails, and by the shim's `delete` after a
@@ -140,23 +147,42 @@ pub fn kill_and_reap(pids: &[i32], grace: Duration) -> Vec<i32> {
     alive.sort_unstable();
     alive.dedup();
     for &pid in &alive {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        signal_with_group(pid, Signal::SIGTERM);
     }
     alive = wait_gone(alive, grace);
     if alive.is_empty() {
         return alive;
     }
     for &pid in &alive {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        signal_with_group(pid, Signal::SIGKILL);
     }
     wait_gone(alive, KILL_TIMEOUT)
+}
+
+/// Signals `pid` and, when it leads a process group, the rest of its group.
+fn signal_with_group(pid: i32, sig: Signal) {
+    if leads_group(pid) {
+        let _ = kill(Pid::from_raw(-pid), sig);
+    }
+    let _ = kill(Pid::from_raw(pid), sig);
+}
+
+/// Whether process group `pid` still has members (the leader itself may be gone).
+fn group_alive(pid: i32) -> bool {
+    !matches!(kill(Pid::from_raw(-pid), None), Err(Errno::ESRCH))
+}
+
+/// Whether `pid` is (or, gone, was) a group leader: its group exists. A pid that never
+/// led a group has none, so an unrelated process is never signalled this way.
+fn leads_group(pid: i32) -> bool {
+    group_alive(pid)
 }
 
 /// Polls until every pid is gone or `timeout` passes; returns those still running.
 fn wait_gone(mut alive: Vec<i32>, timeout: Duration) -> Vec<i32> {
     let deadline = Instant::now() + timeout;
     loop {
-        alive.retain(|&pid| exit_description(pid).is_none());
+        alive.retain(|&pid| exit_description(pid).is_none() || group_alive(pid));
         if alive.is_empty() || Instant::now() >= deadline {
             return alive;
         }
@@ -170,6 +196,28 @@ pub(crate) async fn kill_and_reap_async(pids: Vec<i32>, grace: Duration) -> Vec<
     tokio::task::spawn_blocking(move || kill_and_reap(&pids, grace))
         .await
         .unwrap_or(fallback)
+}
+
+/// Processes, other than this one, whose command line mentions `needle`. A sandbox's
+/// VMM and helpers all name its run directory in their arguments: this finds them after
+/// a shim that died before it could record their pids.
+pub fn pids_mentioning(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|raw| {
+                    raw.split(|&b| b == 0)
+                        .any(|arg| String::from_utf8_lossy(arg).contains(needle))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// The last lines of a log file, for error messages; empty if it cannot be read.
@@ -336,6 +384,43 @@ mod tests {
             .spawn()
             .map(|c| c.id() as i32)
             .unwrap()
+    }
+
+    #[test]
+    fn a_group_leaders_children_do_not_outlive_it() {
+        // Like virtiofsd: the parent forks a worker that ignores SIGTERM, and waits.
+        let pid = Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'trap \"\" TERM; while :; do sleep 0.05; done' & wait",
+            ])
+            .process_group(0)
+            .spawn()
+            .map(|c| c.id() as i32)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(group_alive(pid));
+        assert!(kill_and_reap(&[pid], Duration::from_millis(300)).is_empty());
+        assert!(!group_alive(pid), "the worker was stopped with its parent");
+    }
+
+    #[test]
+    fn processes_are_found_by_what_their_arguments_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("sandbox-run-dir/");
+        let arg = format!("{}sock", marker.display());
+        // The marker as argv[0], which sleep ignores.
+        let pid = Command::new("sleep")
+            .arg0(&arg)
+            .arg("100")
+            .spawn()
+            .map(|c| c.id() as i32)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let found = pids_mentioning(&marker.display().to_string());
+        assert_eq!(found, vec![pid]);
+        assert!(kill_and_reap(&found, Duration::from_secs(2)).is_empty());
+        assert!(pids_mentioning(&marker.display().to_string()).is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use hypervisor::new_hypervisor;
 use hypervisor::process::is_running;
 
 mod common;
-use common::{wait_for, Sandbox, QEMU, SERIAL};
+use common::{skipped, wait_for, Sandbox, QEMU, SERIAL};
 
 const MARKER: &str = "HELLO-FROM-GUEST";
 
@@ -39,7 +39,7 @@ fn guest_kernel() -> Option<PathBuf> {
 /// The kernel, or None (with a message) when this host cannot run the test.
 fn prerequisites() -> Option<PathBuf> {
     if !Path::new(QEMU).exists() {
-        eprintln!("SKIP: {QEMU} is not installed");
+        skipped(&format!("needs {QEMU}"));
         return None;
     }
     if !common::helpers_installed() {
@@ -48,7 +48,7 @@ fn prerequisites() -> Option<PathBuf> {
     match guest_kernel() {
         Some(k) if k.exists() => Some(k),
         _ => {
-            eprintln!("SKIP: no guest kernel (set KATA_TEST_KERNEL or run guest/build-kernel.sh)");
+            skipped("needs a guest kernel (set KATA_TEST_KERNEL or run guest/build-kernel.sh)");
             None
         }
     }

@@ -35,3 +35,20 @@ pub const GUEST_SHARED_DIR: &str = "/run/kata-containers/shared/containers";
 
 /// The message kata-agent writes to the guest console once its API is listening.
 pub const AGENT_READY_MESSAGE: &str = "serving the agent API";
+
+/// The vsock port of the guest's debug console (Kata's default `debug_console_vport`),
+/// served only when the kernel command line carries [`DEBUG_CONSOLE_PARAM`]: a shell in
+/// the guest for `kata-runtime exec`.
+pub const DEBUG_CONSOLE_VSOCK_PORT: u32 = 1026;
+
+/// The kernel command line word that turns the agent's debug console on (Kata's spelling).
+pub const DEBUG_CONSOLE_PARAM: &str = "agent.debug_console";
+
+/// The kernel command line key that names the debug console's vsock port
+/// (`agent.debug_console_vport=1026`, Kata's spelling).
+pub const DEBUG_CONSOLE_VPORT_PARAM: &str = "agent.debug_console_vport";
+
+/// Bytes of a container's output moved at a time: the agent reads this much from the
+/// process's pipe per read, and the shim asks for this much per `ReadStdout`/`ReadStderr`,
+/// so one request carries a pipe-full (well under ttrpc's 4 MiB message limit).
+pub const STDIO_CHUNK: usize = 1 << 20;

@@ -181,6 +181,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
             int(i64::try_from(c.agent.kata.dial_timeout.as_secs()).unwrap_or(i64::MAX)),
         ),
         (
+            "agent.kata.debug_console_enabled",
+            toml::Value::Boolean(c.agent.kata.debug_console_enabled),
+        ),
+        (
             "runtime.enable_debug",
             toml::Value::Boolean(c.runtime.enable_debug),
         ),

@@ -88,6 +88,8 @@ struct Initrd {
 struct Agent {
     version: String,
     dial_timeout_secs: u64,
+    /// `kata-runtime exec` reaches new sandboxes' guests.
+    debug_console_enabled: bool,
 }
 
 /// A binary we run, where it is and what version it says it is.
@@ -254,6 +256,7 @@ pub fn gather(eff: &Effective, containerd_config: &Path) -> Env {
             // API (GetGuestDetails), that is, from a running sandbox.
             version: "unknown: only a running agent reports it".into(),
             dial_timeout_secs: c.agent.kata.dial_timeout.as_secs(),
+            debug_console_enabled: c.agent.kata.debug_console_enabled,
         },
         virtio_fs: Component {
             path: shown(virtiofsd),

@@ -2,8 +2,9 @@
 //!
 //! `kata-runtime check` says, one line per requirement, whether this host can run
 //! sandboxes and what to do where it cannot (exit status 0 when it can); `kata-runtime
-//! env` prints what sandboxes will use and where each setting came from. Modules:
-//! [`check`] and [`env`] are the commands; [`effective`] finds the configuration and the
+//! env` prints what sandboxes will use and where each setting came from; `kata-runtime
+//! exec SANDBOX-ID` opens a shell in a sandbox's guest when its debug console is on.
+//! Modules: [`check`], [`env`] and [`exec`] are the commands; [`effective`] finds the configuration and the
 //! source of each value; [`containerd`] reads containerd's runtime entries;
 //! [`components`] asks binaries and files their versions; [`command`] runs tools with a
 //! deadline; [`report`] prints check lines and decides the exit status.
@@ -14,6 +15,7 @@ mod components;
 mod containerd;
 mod effective;
 mod env;
+mod exec;
 mod report;
 
 use std::path::PathBuf;
@@ -23,12 +25,15 @@ use effective::Effective;
 const USAGE: &str = "\
 usage: kata-runtime [--config FILE] check [--containerd-config FILE]
        kata-runtime [--config FILE] env [--json] [--containerd-config FILE]
+       kata-runtime exec SANDBOX-ID
        kata-runtime --version
 
   check   one line per requirement: ok, warn (runs, but worse) or FAIL with what to do;
           exit status 0 when this host can run sandboxes, 1 when it cannot
   env     the effective configuration (each key's value and source), component versions
           and paths, as TOML (--json: as JSON)
+  exec    an interactive root shell in the guest of sandbox SANDBOX-ID, through its debug
+          console (only when [agent.kata] debug_console_enabled = true; leave with `exit`)
 
   --config FILE             the configuration file (default: $KATA_CONF_FILE, then
                             /etc/kata-containers/configuration.toml, then
@@ -44,6 +49,8 @@ struct Args {
     config: Option<PathBuf>,
     containerd_config: Option<PathBuf>,
     json: bool,
+    /// `exec`'s operand.
+    sandbox_id: Option<String>,
 }
 
 fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
@@ -65,8 +72,14 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--config" | "-c" => args.config = Some(value()?),
             "--containerd-config" => args.containerd_config = Some(value()?),
             "--json" => args.json = true,
-            "check" | "env" | "--version" | "--help" | "-h" if args.command.is_none() => {
+            "check" | "env" | "exec" | "--version" | "--help" | "-h" if args.command.is_none() => {
                 args.command = Some(flag)
+            }
+            _ if args.command.as_deref() == Some("exec")
+                && args.sandbox_id.is_none()
+                && !arg.starts_with('-') =>
+            {
+                args.sandbox_id = Some(arg)
             }
             _ => return Err(format!("unexpected argument {arg:?}")),
         }
@@ -110,6 +123,19 @@ fn main() {
                 }
             }
         }
+        Some("exec") => match args.sandbox_id.as_deref() {
+            Some(id) => match exec::run(id) {
+                Ok(()) => 0,
+                Err(why) => {
+                    eprintln!("kata-runtime exec: {why}");
+                    1
+                }
+            },
+            None => {
+                eprintln!("kata-runtime: exec needs a SANDBOX-ID\n{USAGE}");
+                EX_USAGE
+            }
+        },
         Some("--version") => {
             println!("kata-runtime {}", env!("CARGO_PKG_VERSION"));
             0
@@ -152,12 +178,23 @@ mod tests {
     }
 
     #[test]
+    fn exec_takes_one_sandbox_id() {
+        let a = parse(&["exec", "sb1"]).unwrap();
+        assert_eq!(a.command.as_deref(), Some("exec"));
+        assert_eq!(a.sandbox_id.as_deref(), Some("sb1"));
+        let b = parse(&["--config", "/a.toml", "exec"]).unwrap();
+        assert_eq!(b.sandbox_id, None);
+    }
+
+    #[test]
     fn bad_arguments_are_errors() {
         assert!(parse(&["check", "env"]).unwrap_err().contains("\"env\""));
         assert!(parse(&["check", "--config"])
             .unwrap_err()
             .contains("needs a file"));
         assert!(parse(&["frobnicate"]).is_err());
+        assert!(parse(&["exec", "a", "b"]).unwrap_err().contains("\"b\""));
+        assert!(parse(&["check", "sb1"]).is_err());
         assert_eq!(parse(&[]).unwrap().command, None);
     }
 }

@@ -5,10 +5,8 @@
 //! after every byte has been delivered. Input is read from the stdin fifo and pushed with
 //! `WriteStdin`; end of file there (or CloseIO) becomes `CloseStdin` in the guest.
 
-use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use slog::{debug, warn, Logger};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,8 +20,8 @@ use crate::agent::Agent;
 type AgentRef = Arc<dyn Agent>;
 
 /// Bytes asked for per read request: large enough to amortise a round trip, well under
-/// ttrpc's 4 MiB message limit.
-const READ_CHUNK: u32 = 1 << 20;
+/// ttrpc's 4 MiB message limit (the agent reads its pipes in chunks of the same size).
+const READ_CHUNK: u32 = protocols::STDIO_CHUNK as u32;
 const WRITE_CHUNK: usize = 128 << 10;
 /// Replies read ahead of the fifo: enough to keep one request in flight while writing.
 const READS_AHEAD: usize = 1;
@@ -44,7 +42,6 @@ pub struct Relays {
 }
 
 struct StdinRelay {
-    path: PathBuf,
     close: Arc<Notify>,
     task: JoinHandle<()>,
 }
@@ -81,11 +78,7 @@ impl Relays {
         let stdin = (!paths.stdin.is_empty()).then(|| {
             let close = Arc::new(Notify::new());
             let task = spawn_input(agent, cid, exec_id, &paths.stdin, close.clone(), log);
-            StdinRelay {
-                path: PathBuf::from(&paths.stdin),
-                close,
-                task,
-            }
+            StdinRelay { close, task }
         });
         Relays { outputs, stdin }
     }
@@ -104,16 +97,11 @@ impl Relays {
         }
     }
 
-    /// Stops the stdin relay of a process that has exited. A relay still blocked opening
-    /// the fifo is released by opening the other end ourselves.
+    /// Stops the stdin relay of a process that has exited.
     pub fn stop_stdin(&mut self) {
         if let Some(s) = self.stdin.take() {
             s.close.notify_one();
             s.task.abort();
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&s.path);
         }
     }
 }
@@ -195,25 +183,31 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Opens an output fifo for writing; containerd holds the read side open already, so the
-/// blocking open returns at once. None (logged) when it cannot be used.
+/// How long an output relay waits for containerd's reader of a fifo to appear. containerd
+/// (and ctr) open their read ends before they create the task, so this only matters when
+/// the reader went away, say a `ctr` that died after create.
+const READER_WAIT: Duration = Duration::from_millis(500);
+
+/// Opens an output fifo for writing, without blocking: a blocking open whose reader went
+/// away would hold a thread forever and keep the shim from exiting. None (logged) when
+/// it cannot be used, or nobody reads it: the output is then discarded.
 async fn open_output_fifo(path: String, name: &str, log: &Logger) -> Option<pipe::Sender> {
-    let p = path.clone();
-    let opened =
-        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&p)).await;
-    match opened {
-        Ok(Ok(f)) => match pipe::Sender::from_file(f) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                warn!(log, "{name} is not a fifo, output is discarded"; "path" => &path, "error" => %e);
-                None
+    let deadline = tokio::time::Instant::now() + READER_WAIT;
+    loop {
+        match pipe::OpenOptions::new().open_sender(&path) {
+            Ok(s) => return Some(s),
+            // ENXIO: no reader (yet).
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENXIO)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-        },
-        Ok(Err(e)) => {
-            warn!(log, "cannot open {name} fifo, output is discarded"; "path" => &path, "error" => %e);
-            None
+            Err(e) => {
+                warn!(log, "cannot open {name} fifo, output is discarded"; "path" => &path, "error" => %e);
+                return None;
+            }
         }
-        Err(_) => None,
     }
 }
 
@@ -233,28 +227,14 @@ fn spawn_input(
     );
     let log = log.clone();
     tokio::spawn(async move {
-        let p = path.clone();
-        // Blocks until a writer opens the fifo; EOF then means the writer closed it.
-        let opened = tokio::select! {
-            r = tokio::task::spawn_blocking(move || File::open(&p)) => r,
-            _ = close.notified() => {
-                let _ = agent.close_stdin(&cid, &exec_id).await;
-                return;
-            }
-        };
-        let file = match opened {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) => {
-                warn!(log, "cannot open stdin fifo"; "path" => &path, "error" => %e);
-                let _ = agent.close_stdin(&cid, &exec_id).await;
-                return;
-            }
-            Err(_) => return,
-        };
-        let mut fifo = match pipe::Receiver::from_file(file) {
+        // Opened without blocking: reads wait (in the reactor, not on a thread) until a
+        // writer comes, and end once it has gone. A blocking open whose writer never
+        // comes (a `ctr` that died, its fifo already removed) would hold a thread forever
+        // and keep the shim from exiting.
+        let mut fifo = match pipe::OpenOptions::new().open_receiver(&path) {
             Ok(r) => r,
             Err(e) => {
-                warn!(log, "stdin is not a fifo"; "path" => &path, "error" => %e);
+                warn!(log, "cannot open stdin fifo"; "path" => &path, "error" => %e);
                 let _ = agent.close_stdin(&cid, &exec_id).await;
                 return;
             }

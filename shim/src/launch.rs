@@ -50,7 +50,7 @@ impl Launcher for VmLauncher {
     ) -> Result<Arc<Sandbox>, LaunchError> {
         let cfg = options::load_config(options)?;
         self.debug.set(cfg.runtime.enable_debug);
-        slog::debug!(log, "phase: shim start"; "elapsed_ms" => 0u64, "container" => id);
+        slog::debug!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
         Ok(Sandbox::create(id, &cfg, log).await?)
     }
 }

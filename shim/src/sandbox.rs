@@ -96,6 +96,18 @@ pub fn cleanup_host(state: &SandboxState, log: &Logger) {
     if state.vmm_pid > 0 {
         pids.insert(0, state.vmm_pid);
     }
+    // A shim killed while the VM started had no time to record their pids; they all
+    // name the sandbox's run directory.
+    let run_dir = format!(
+        "{}/",
+        Path::new(VM_RUN_ROOT).join(&state.sandbox_id).display()
+    );
+    for pid in hypervisor::process::pids_mentioning(&run_dir) {
+        if !pids.contains(&pid) {
+            warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
+            pids.push(pid);
+        }
+    }
     pids.retain(|p| *p > 0);
     if !pids.is_empty() {
         hypervisor::kill_and_reap(&pids, Duration::from_secs(2));
@@ -144,8 +156,8 @@ impl Sandbox {
             vm: None,
         };
         let booted = Self::create_steps(id, cfg, log, &shared, &run_dir, &mut progress, t0).await;
-        let (agent, info, vm) = match (booted, progress.vm.take()) {
-            (Ok((agent, info)), Some(vm)) => (agent, info, vm),
+        let (agent, info, watched, vm) = match (booted, progress.vm.take()) {
+            (Ok((agent, info, watched)), Some(vm)) => (agent, info, watched, vm),
             (result, vm) => {
                 progress.vm = vm;
                 let e = result
@@ -156,8 +168,6 @@ impl Sandbox {
                 return Err(e);
             }
         };
-        let mut watched = vec![Watched::vmm(info.vmm_pid)];
-        watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
         let sb = Arc::new(Sandbox {
             shared,
             agent: Arc::new(agent),
@@ -183,7 +193,7 @@ impl Sandbox {
         run_dir: &Path,
         progress: &mut Progress,
         t0: Instant,
-    ) -> Result<(KataAgent, VmInfo), SandboxError> {
+    ) -> Result<(KataAgent, VmInfo, Vec<Watched>), SandboxError> {
         progress.state.save().map_err(SandboxError::Persist)?;
         let made = shared.setup()?;
         progress.state.mounts.extend(made);
@@ -204,7 +214,10 @@ impl Sandbox {
         progress.state.vmm_pid = info.vmm_pid;
         progress.state.helper_pids = info.helper_pids.clone();
         progress.state.save().map_err(SandboxError::Persist)?;
-        debug!(log, "phase: VMM launched"; "elapsed_ms" => t0.elapsed().as_millis() as u64,
+        // Named now, while they run: a name read after a death says nothing.
+        let mut watched = vec![Watched::vmm(info.vmm_pid)];
+        watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
+        debug!(log, "phase: VMM launched"; "phase" => "VMM launched", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
@@ -212,12 +225,12 @@ impl Sandbox {
             &info.agent_socket,
             protocols::AGENT_VSOCK_PORT,
             timeout,
-            info.vmm_pid,
+            || watchdog::exited(&watched),
         )
         .await
         .map_err(|e| {
             let mut tail = hypervisor::process::log_tail(&info.console_log);
-            if matches!(e, AgentError::VmmExited { .. }) {
+            if matches!(e, AgentError::VmExited { .. }) {
                 tail.push_str(&format!(
                     "\nlast lines of the VMM's log {}:\n{}",
                     info.vmm_log.display(),
@@ -226,9 +239,9 @@ impl Sandbox {
             }
             SandboxError::Agent(e, tail)
         })?;
-        info!(log, "phase: agent reachable"; "elapsed_ms" => t0.elapsed().as_millis() as u64,
+        info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
-        Ok((agent, info))
+        Ok((agent, info, watched))
     }
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests.

@@ -40,6 +40,14 @@ impl Watched {
     }
 }
 
+/// The first of `watched` that has exited, said as a sentence; None while all run.
+pub fn exited(watched: &[Watched]) -> Option<String> {
+    watched.iter().find_map(|w| {
+        hypervisor::process::exit_description(w.pid)
+            .map(|how| format!("{} (pid {}) {how}", w.what, w.pid))
+    })
+}
+
 /// Waits until one of `watched` exits; returns a sentence saying which and how, e.g.
 /// `the VMM qemu-system-x86 (pid 812) was killed by signal 9`.
 pub async fn first_exit(watched: Vec<Watched>) -> String {
@@ -48,10 +56,8 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
         Err(e) => return format!("the sandbox's processes cannot be watched: {e}"),
     };
     let ended = async {
-        for w in &watched {
-            if let Some(how) = hypervisor::process::exit_description(w.pid) {
-                return format!("{} (pid {}) {how}", w.what, w.pid);
-            }
+        if let Some(why) = exited(&watched) {
+            return why;
         }
         while let Some(ev) = sub.rx.recv().await {
             let Subject::Pid(pid) = ev.subject else {

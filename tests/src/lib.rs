@@ -7,14 +7,24 @@
 //! `kata-vsock` and `kata-vmm`) and
 //! `KATA_TEST_IMAGE` (the busybox image archive).
 
+mod background;
+mod host;
+mod probe;
+mod runtime_config;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub use background::Background;
+pub use host::*;
+pub use probe::StaticProbe;
+pub use runtime_config::{toml_str, Backend, RuntimeConfig};
+
 pub const IMAGE: &str = "docker.io/library/busybox:latest";
 pub const RUNTIME: &str = "io.containerd.kata.v2";
 
-fn env(name: &str) -> String {
+pub(crate) fn env(name: &str) -> String {
     std::env::var(name)
         .unwrap_or_else(|_| panic!("{name} is not set: run the end-to-end tests with `make test`"))
 }
@@ -32,35 +42,6 @@ pub struct Containerd {
     conf_file: PathBuf,
 }
 
-/// The VMM backend a test's runtime configuration selects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// QEMU microvm (the default).
-    Qemu,
-    /// kata-vmm, from `KATA_TEST_SHIM_DIR`; the agent gets `dial_timeout` seconds.
-    Builtin { dial_timeout: u32 },
-}
-
-/// The runtime configuration of a test: our kernel, initrd and binaries, debug logs.
-fn configuration(backend: Backend) -> String {
-    let (kernel, initrd, bin) = (
-        env("KATA_TEST_KERNEL"),
-        env("KATA_TEST_INITRD"),
-        env("KATA_TEST_SHIM_DIR"),
-    );
-    match backend {
-        Backend::Qemu => format!(
-            "[hypervisor.qemu]\nkernel = \"{kernel}\"\ninitrd = \"{initrd}\"\n\
-             vsock_backend = \"{bin}/kata-vsock\"\n[runtime]\nenable_debug = true\n"
-        ),
-        Backend::Builtin { dial_timeout } => format!(
-            "[hypervisor.builtin]\npath = \"{bin}/kata-vmm\"\nkernel = \"{kernel}\"\n\
-             initrd = \"{initrd}\"\n[agent.kata]\ndial_timeout = {dial_timeout}\n\
-             [runtime]\nenable_debug = true\nhypervisor_name = \"builtin\"\n"
-        ),
-    }
-}
-
 impl Containerd {
     pub fn start(name: &str) -> Self {
         Self::start_with(name, Backend::Qemu)
@@ -68,15 +49,38 @@ impl Containerd {
 
     /// A private containerd whose runtime uses `backend`.
     pub fn start_with(name: &str, backend: Backend) -> Self {
+        Self::start_configured(name, &RuntimeConfig::for_backend(backend))
+    }
+
+    /// A private containerd whose runtime reads `config` (which need not be valid: tests
+    /// of bad configurations use this too).
+    pub fn start_configured(name: &str, config: &RuntimeConfig) -> Self {
+        Self::start_from(name, config, None)
+    }
+
+    /// A private containerd of another version than the system's, with the default (QEMU)
+    /// runtime: `version` is a directory of `KATA_TEST_CONTAINERD_DIR` ("1.7", "2.1") that
+    /// `scripts/containerd-versions.sh` unpacked from Debian's package. That containerd and
+    /// its own `ctr` come first in `PATH`, for the daemon, the shim and every `ctr` call.
+    /// Panics (never skips) when the version is not there.
+    pub fn start_version(name: &str, version: &str) -> Self {
+        let bin = containerd_bin_dir(version);
+        Self::start_from(name, &RuntimeConfig::for_backend(Backend::Qemu), Some(&bin))
+    }
+
+    fn start_from(name: &str, config: &RuntimeConfig, bin_dir: Option<&Path>) -> Self {
         let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("creating the test dir");
         let conf_file = dir.join("configuration.toml");
-        std::fs::write(&conf_file, configuration(backend)).expect("writing the test configuration");
-        let path_env = format!(
+        std::fs::write(&conf_file, config.render()).expect("writing the test configuration");
+        let mut path_env = format!(
             "{}:{}",
             env("KATA_TEST_SHIM_DIR"),
             std::env::var("PATH").unwrap_or_default()
         );
+        if let Some(bin) = bin_dir {
+            path_env = format!("{}:{path_env}", bin.display());
+        }
         let c = Containerd {
             socket: dir.join("containerd.sock"),
             dir,
@@ -175,6 +179,125 @@ impl Containerd {
     }
 }
 
+impl Containerd {
+    /// The containerd daemon's pid.
+    pub fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.join("containerd.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .expect("reading containerd.pid")
+    }
+
+    /// The runtime configuration file the shim reads (`KATA_CONF_FILE`).
+    pub fn conf_file(&self) -> &Path {
+        &self.conf_file
+    }
+
+    /// The bundle containerd made for container `id` (namespace `default`).
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.dir
+            .join("state/io.containerd.runtime.v2.task/default")
+            .join(id)
+    }
+
+    /// The socket the shim of sandbox `id` listens on, as containerd names it:
+    /// `/run/containerd/s/<sha256 of "<containerd address>/<namespace>/<id>">`.
+    pub fn shim_socket(&self, id: &str) -> PathBuf {
+        let key = format!("{}/default/{id}", self.socket.display());
+        let mut child = Command::new("sha256sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("running sha256sum");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("sha256sum stdin");
+            stdin
+                .write_all(key.as_bytes())
+                .expect("writing to sha256sum");
+        }
+        let out = child.wait_with_output().expect("sha256sum output");
+        let hex = stdout(&out)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        Path::new(SHIM_SOCKET_DIR).join(hex)
+    }
+
+    /// Stops the containerd daemon alone (SIGTERM, as systemd does), leaving its shims and
+    /// their sandboxes running; [`Containerd::start_daemon`] brings it back.
+    pub fn stop_daemon(&self) {
+        let pid = self.pid();
+        signal(pid, nix::sys::signal::Signal::SIGTERM);
+        if !wait_gone(pid, Duration::from_secs(15)) {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+            assert!(
+                wait_gone(pid, Duration::from_secs(5)),
+                "containerd {pid} survived SIGKILL"
+            );
+        }
+    }
+
+    /// Starts the containerd daemon again on the same root, state and socket.
+    pub fn start_daemon(&self) {
+        let out = self.script("start");
+        assert!(
+            out.status.success(),
+            "restarting containerd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `ctr args` as a background process (see [`Background`]).
+    pub fn ctr_background(&self, args: &[&str]) -> Background {
+        let child = self
+            .ctr_cmd(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning ctr");
+        Background::new(child)
+    }
+
+    /// `ctr args`, given up (and killed) after `limit`: `Err` says it hung.
+    pub fn ctr_within(&self, args: &[&str], limit: Duration) -> Result<Output, String> {
+        let started = Instant::now();
+        let mut bg = self.ctr_background(args);
+        bg.wait_within(limit).ok_or_else(|| {
+            format!(
+                "`ctr {}` did not answer within {:.1}s",
+                args.join(" "),
+                started.elapsed().as_secs_f64()
+            )
+        })
+    }
+
+    /// The STATUS column of `ctr task ls` for `id`; `None` when containerd lists no such
+    /// task. Panics when `ctr task ls` itself hangs for 20 s.
+    pub fn task_status(&self, id: &str) -> Option<String> {
+        let out = self
+            .ctr_within(&["task", "ls"], Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.log_tail()));
+        stdout(&out).lines().find_map(|l| {
+            let mut cols = l.split_whitespace();
+            (cols.next() == Some(id)).then(|| cols.nth(1).unwrap_or("").to_string())
+        })
+    }
+
+    /// The containerd log from byte `offset` on (see [`Containerd::log_len`]).
+    pub fn log_since(&self, offset: usize) -> String {
+        let log = self.log();
+        log.get(offset..).unwrap_or("").to_string()
+    }
+
+    /// How long the containerd log is now, for [`Containerd::log_since`].
+    pub fn log_len(&self) -> usize {
+        self.log().len()
+    }
+}
+
 impl Drop for Containerd {
     fn drop(&mut self) {
         let out = self.script("stop");
@@ -187,63 +310,22 @@ impl Drop for Containerd {
     }
 }
 
-/// What is left on the host of sandbox `id`: processes, mounts, directories.
-pub fn leftovers(id: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let markers = [
-        format!("/run/vc/vm/{id}/"),
-        format!("sandbox-{id} "),
-        format!("/sandboxes/{id}/"),
-    ];
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-            let shim = cmdline.contains("containerd-shim-kata-v2")
-                && cmdline.contains(&format!("-id {id} "));
-            if shim || markers.iter().any(|m| cmdline.contains(m.as_str())) {
-                found.push(format!("process {pid}: {cmdline}"));
-            }
-        }
+/// Where the containerd and ctr of `version` ("1.7", "2.1") are:
+/// `$KATA_TEST_CONTAINERD_DIR/<version>/usr/bin`. Panics, saying how to get them, when they
+/// are missing: a version that could not be fetched fails the test, never skips it.
+pub fn containerd_bin_dir(version: &str) -> PathBuf {
+    let bin = Path::new(&env("KATA_TEST_CONTAINERD_DIR"))
+        .join(version)
+        .join("usr/bin");
+    for b in ["containerd", "ctr"] {
+        assert!(
+            bin.join(b).is_file(),
+            "containerd {version}: {} is missing; `bash scripts/containerd-versions.sh` fetches it \
+             from Debian's mirror (`make test` runs it)",
+            bin.join(b).display()
+        );
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    for line in mounts.lines() {
-        if line.contains(&format!("/sandboxes/{id}/"))
-            || line.contains(&format!("/sandboxes/{id} "))
-        {
-            found.push(format!("mount: {line}"));
-        }
-    }
-    for d in [
-        format!("/run/vc/sbs/{id}"),
-        format!("/run/vc/vm/{id}"),
-        format!("/run/kata-containers/shared/sandboxes/{id}"),
-    ] {
-        if Path::new(&d).exists() {
-            found.push(format!("directory {d}"));
-        }
-    }
-    found
-}
-
-/// Waits (up to 15 s, for the shim's own shutdown) until nothing of sandbox `id` is left.
-pub fn assert_no_leftovers(id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left = leftovers(id);
-        if left.is_empty() {
-            return;
-        }
-        if Instant::now() > deadline {
-            panic!("sandbox {id} left behind:\n{}", left.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    bin
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -353,6 +435,20 @@ impl EventWatch {
 
     pub fn text(&self) -> String {
         self.out.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The exit status of the `/tasks/exit` event of process `id` (the container id for
+    /// its init, else the exec id) of `container`, waiting up to `limit` for it.
+    pub fn exit_status(&self, container: &str, id: &str, limit: Duration) -> Option<u32> {
+        poll(limit, Duration::from_millis(100), || {
+            let text = self.text();
+            text.lines()
+                .filter(|l| l.contains("/tasks/exit"))
+                .filter_map(|l| l.find('{').map(|i| &l[i..]))
+                .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+                .find(|e| e["container_id"] == container && e["id"] == id)
+                .map(|e| e["exit_status"].as_u64().unwrap_or(0) as u32)
+        })
     }
 }
 

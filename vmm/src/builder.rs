@@ -25,16 +25,16 @@ use crate::arch::x86_64::{
     configure_linux_boot, configure_pvh_boot, initrd_load_addr, BootError, InitrdConfig,
 };
 use crate::config::VmConfig;
-use crate::devices::block::BlockDevice;
 use crate::devices::bus::{Bus, BusError};
-use crate::devices::fs::FsDevice;
-use crate::devices::i8042::I8042Device;
-use crate::devices::mmio::{MmioError, MmioTransport, VirtioDevice, QUEUE_NOTIFY_OFFSET};
-use crate::devices::net::NetDevice;
-use crate::devices::notifier::{NotifierError, QueueNotifier};
-use crate::devices::rng::RngDevice;
-use crate::devices::serial::SerialDevice;
-use crate::devices::vsock_mmio::VsockMmioDevice;
+use crate::devices::legacy::i8042::I8042Device;
+use crate::devices::legacy::serial::SerialDevice;
+use crate::devices::virtio::block::BlockDevice;
+use crate::devices::virtio::fs::FsDevice;
+use crate::devices::virtio::mmio::{MmioError, MmioTransport, VirtioDevice, QUEUE_NOTIFY_OFFSET};
+use crate::devices::virtio::net::NetDevice;
+use crate::devices::virtio::notifier::{NotifierError, QueueNotifier};
+use crate::devices::virtio::rng::RngDevice;
+use crate::devices::virtio::vsock::VsockMmioDevice;
 use crate::logger::log;
 use crate::seccomp::{self, ThreadKind};
 use crate::signals::{StopSignals, Wake};

@@ -11,8 +11,8 @@ use std::path::Path;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::config::FsConfig;
 use vmm::devices::bus::BusDevice;
-use vmm::devices::fs::{FsDevice, VIRTIO_ID_FS};
-use vmm::devices::mmio::{
+use vmm::devices::virtio::fs::{FsDevice, VIRTIO_ID_FS};
+use vmm::devices::virtio::mmio::{
     MmioTransport, STATUS_ACKNOWLEDGE, STATUS_DEVICE_NEEDS_RESET, STATUS_DRIVER, STATUS_DRIVER_OK,
     STATUS_FEATURES_OK,
 };

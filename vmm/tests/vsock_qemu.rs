@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hypervisor::test_skip::skipped;
+
 const GUEST_INIT_C: &str = r#"
 #include <stdio.h>
 #include <string.h>
@@ -191,14 +193,14 @@ fn echo_through_qemu_including_an_early_connect() {
     let (Some(qemu), Some(_gcc), Some(kernel)) =
         (which("qemu-system-x86_64"), which("gcc"), guest_kernel())
     else {
-        eprintln!("skipped: needs qemu-system-x86_64, gcc and a guest kernel (KATA_TEST_KERNEL)");
+        skipped("needs qemu-system-x86_64, gcc and a guest kernel (KATA_TEST_KERNEL)");
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let initrd = match build_initrd(dir.path()) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("skipped: cannot build the test guest: {e}");
+            skipped(&format!("needs a test guest, which failed to build: {e}"));
             return;
         }
     };

@@ -9,6 +9,8 @@
 //!
 //! kata-vmm needs a KVM that runs guests at full speed (`kata-vmm check`); on an emulated
 //! KVM it starts, but Linux does not boot.
+//!
+//! [`vmm_json`] is the configuration's one typed model, which kata-vmm reads as well.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,6 +25,8 @@ use crate::process::{
 };
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
+
+pub mod vmm_json;
 
 /// The kernel command line before the user's `kernel_params`: a reset (through the i8042,
 /// `reboot=k`) or a panic ends kata-vmm; there is no PCI bus and only a minimal i8042.
@@ -93,22 +97,57 @@ pub fn kernel_cmdline(config: &BuiltinConfig, debug: bool) -> String {
     cmdline
 }
 
-/// kata-vmm's `vmm.json` for this sandbox.
-pub fn vmm_config(config: &BuiltinConfig, layout: &BuiltinLayout, debug: bool) -> String {
-    serde_json::json!({
-        "kernel": config.kernel,
-        "initrd": config.initrd,
-        "cmdline": kernel_cmdline(config, debug),
-        "vcpus": config.default_vcpus,
-        "memory_mib": config.default_memory,
-        "serial_log": layout.console_log,
-        "vsock": { "guest_cid": GUEST_CID, "uds_path": layout.agent_socket },
-        "fs": [{ "socket": layout.virtiofsd_socket, "tag": SHARED_FS_TAG }],
-        "rng": true,
-        "seccomp": true,
-        "ready_file": layout.ready_file,
-    })
-    .to_string()
+/// kata-vmm's `vmm.json` for this sandbox, checked as kata-vmm will check it.
+pub fn vmm_config(
+    config: &BuiltinConfig,
+    layout: &BuiltinLayout,
+    debug: bool,
+) -> Result<vmm_json::VmConfig, Error> {
+    let invalid = |what: String| {
+        Error::Unsupported(format!(
+            "starting kata-vmm failed: its configuration would be invalid: {what}"
+        ))
+    };
+    let vcpus = u8::try_from(config.default_vcpus).map_err(|_| {
+        invalid(format!(
+            "default_vcpus is {}, expected 1 to 32",
+            config.default_vcpus
+        ))
+    })?;
+    let vmm = vmm_json::VmConfig {
+        kernel: config.kernel.clone(),
+        initrd: Some(config.initrd.clone()),
+        cmdline: kernel_cmdline(config, debug),
+        vcpus,
+        memory_mib: config.default_memory.into(),
+        serial_log: Some(layout.console_log.clone()),
+        vsock: Some(vmm_json::VsockConfig {
+            guest_cid: GUEST_CID.into(),
+            uds_path: layout.agent_socket.clone(),
+        }),
+        fs: vec![vmm_json::FsConfig {
+            socket: layout.virtiofsd_socket.clone(),
+            tag: SHARED_FS_TAG.into(),
+            queue_size: vmm_json::DEFAULT_FS_QUEUE_SIZE,
+        }],
+        block: Vec::new(),
+        net: Vec::new(),
+        rng: true,
+        seccomp: true,
+        ready_file: Some(layout.ready_file.clone()),
+    };
+    vmm.validate().map_err(|e| invalid(e.to_string()))?;
+    Ok(vmm)
+}
+
+/// Writes `vmm` to `path` as JSON.
+fn write_vmm_config(path: &Path, vmm: &vmm_json::VmConfig) -> Result<(), Error> {
+    let run_dir = |source| Error::RunDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = serde_json::to_string_pretty(vmm).map_err(|e| run_dir(e.into()))?;
+    std::fs::write(path, text).map_err(run_dir)
 }
 
 /// The builtin backend of one sandbox.
@@ -186,11 +225,9 @@ impl Builtin {
         }
         .start(&self.logger, started)
         .await?;
-        std::fs::write(&layout.config, vmm_config(&self.config, layout, cfg.debug)).map_err(
-            |source| Error::RunDir {
-                path: layout.config.clone(),
-                source,
-            },
+        write_vmm_config(
+            &layout.config,
+            &vmm_config(&self.config, layout, cfg.debug)?,
         )?;
         let daemon = Daemon {
             step: "kata-vmm",

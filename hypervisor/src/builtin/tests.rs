@@ -1,6 +1,7 @@
 use std::process::Command;
 
 use super::*;
+use crate::test_skip::skipped;
 
 fn config(dir: &Path) -> BuiltinConfig {
     BuiltinConfig {
@@ -26,7 +27,8 @@ fn cmdline_and_vmm_json() {
         format!("{BASE_KERNEL_PARAMS} quiet agent.log=debug")
     );
     let layout = BuiltinLayout::new(dir);
-    let json: serde_json::Value = serde_json::from_str(&vmm_config(&c, &layout, true)).unwrap();
+    let json: serde_json::Value =
+        serde_json::to_value(vmm_config(&c, &layout, true).unwrap()).unwrap();
     assert_eq!(json["kernel"], "/run/vc/sb1/vmlinux");
     assert_eq!(json["vcpus"], 1);
     assert_eq!(json["memory_mib"], 128);
@@ -37,6 +39,32 @@ fn cmdline_and_vmm_json() {
     assert_eq!(json["fs"][0]["socket"], "/run/vc/sb1/virtiofsd.sock");
     assert_eq!(json["fs"][0]["tag"], "kataShared");
     assert!(!json["cmdline"].as_str().unwrap().contains("quiet"));
+}
+
+#[test]
+fn the_written_vmm_json_is_what_kata_vmm_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let layout = BuiltinLayout::new(dir.path());
+    let written = vmm_config(&c, &layout, false).unwrap();
+    write_vmm_config(&layout.config, &written).unwrap();
+    assert_eq!(
+        vmm_json::VmConfig::from_file(&layout.config).unwrap(),
+        written
+    );
+}
+
+#[test]
+fn a_vmm_json_kata_vmm_would_refuse_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.default_vcpus = 300;
+    let layout = BuiltinLayout::new(dir.path());
+    let e = vmm_config(&c, &layout, false).unwrap_err().to_string();
+    assert!(e.contains("default_vcpus is 300"), "{e}");
+    c.default_vcpus = 33;
+    let e = vmm_config(&c, &layout, false).unwrap_err().to_string();
+    assert!(e.contains("vcpus is 33, expected 1 to 32"), "{e}");
 }
 
 /// The kata-vmm binary of this workspace, if it has been built (`cargo build -p vmm`).
@@ -95,15 +123,16 @@ fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) 
 #[tokio::test]
 async fn starts_and_stops_kata_vmm_by_pid() {
     let Some(vmm) = kata_vmm() else {
-        eprintln!("skipped: build kata-vmm first (cargo build -p vmm)");
+        skipped("needs kata-vmm built (cargo build -p vmm)");
         return;
     };
     if !Path::new("/dev/kvm").exists() {
+        skipped("needs /dev/kvm");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let Some(kernel) = spin_guest(dir.path()) else {
-        eprintln!("skipped: binutils are missing");
+        skipped("needs binutils (as, ld)");
         return;
     };
     std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
@@ -149,7 +178,7 @@ async fn missing_kernel_is_reported_before_spawning() {
 #[tokio::test]
 async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
     let Some(vmm) = kata_vmm() else {
-        eprintln!("skipped: build kata-vmm first (cargo build -p vmm)");
+        skipped("needs kata-vmm built (cargo build -p vmm)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hypervisor::kill_and_reap;
 use hypervisor::process::is_running;
+pub use hypervisor::test_skip::skipped;
 use hypervisor::VmConfig;
 
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -24,12 +25,16 @@ pub fn vsock_backend() -> PathBuf {
 /// Guests and helper daemons are heavy on 2 shared cores; one test at a time.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Whether the helper daemons are installed (prints why not).
+/// Whether the helper daemons are installed; if not, the test is reported as skipped.
 pub fn helpers_installed() -> bool {
     for bin in [PathBuf::from(VIRTIOFSD), vsock_backend()] {
         if !bin.exists() {
-            eprintln!("SKIP: {} is not installed", bin.display());
-            return false;
+            let hint = if bin.ends_with("kata-vsock") {
+                " (set KATA_TEST_SHIM_DIR to the build's target dir, or make install)"
+            } else {
+                " (make setup)"
+            };
+            return skipped(&format!("needs {}{hint}", bin.display()));
         }
     }
     true

@@ -65,19 +65,20 @@ impl KataAgent {
         }
     }
 
-    /// Dials until the agent answers `Check`, or `timeout` passes.
+    /// Dials until the agent answers `Check`, or `timeout` passes. `vm_gone` says whether
+    /// (and how) the VM or one of its helpers ended: a VM that cannot run will not start
+    /// an agent, so the dial ends then, not at its deadline.
     pub async fn dial(
         socket: &Path,
         port: u32,
         timeout: Duration,
-        vmm_pid: i32,
+        vm_gone: impl Fn() -> Option<String>,
     ) -> Result<(Self, CheckResponse)> {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
         while start.elapsed() < timeout {
-            // A VMM that died will not start an agent: say so now, not at the deadline.
-            if let Some(how) = hypervisor::process::exit_description(vmm_pid) {
-                return Err(AgentError::VmmExited { pid: vmm_pid, how });
+            if let Some(how) = vm_gone() {
+                return Err(AgentError::VmExited { how });
             }
             // Every attempt has its own short deadline, so an unanswered request cannot
             // stall the dial. (vhost-device-vsock 0.3 loses a request sent before the guest
@@ -406,14 +407,17 @@ mod tests {
             Path::new("/nonexistent/kata.hvsock"),
             1024,
             Duration::from_secs(30),
-            pid,
+            || {
+                hypervisor::process::exit_description(pid)
+                    .map(|how| format!("the VMM (pid {pid}) {how}"))
+            },
         )
         .await
         {
             Err(e) => e,
             Ok(_) => panic!("dialled an agent that does not exist"),
         };
-        assert!(matches!(err, AgentError::VmmExited { .. }), "{err}");
+        assert!(matches!(err, AgentError::VmExited { .. }), "{err}");
         // Not DialTimeout: the dial did not wait for its deadline.
         assert!(err.to_string().contains(&format!("pid {pid}")), "{err}");
     }

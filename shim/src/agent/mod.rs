@@ -30,8 +30,8 @@ pub enum AgentError {
         timeout: Duration,
         last: String,
     },
-    #[error("the VM stopped before its agent answered: the VMM (pid {pid}) {how}")]
-    VmmExited { pid: i32, how: String },
+    #[error("the VM stopped before its agent answered: {how}")]
+    VmExited { how: String },
     #[error("agent request {op} failed: {source}")]
     Rpc {
         op: &'static str,

@@ -44,7 +44,7 @@ impl Inner {
         let result = self.create_locked(req, &parsed).await;
         self.lock().creating.remove(&req.id);
         let pid = result?;
-        debug!(self.log, "phase: container created"; "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
+        debug!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         self.events
             .create(&req.id, &req.bundle, &parsed.stdio, pid)
             .await;

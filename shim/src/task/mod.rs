@@ -240,7 +240,7 @@ impl Task for TaskService {
         }
         inner.watch_exit(&req.id, &req.exec_id, agent);
         if req.exec_id.is_empty() {
-            info!(inner.log, "phase: container started"; "container" => &req.id);
+            info!(inner.log, "phase: container started"; "phase" => "container started", "container" => &req.id);
             inner.events.start(&req.id, pid).await;
         } else {
             inner.events.exec_started(&req.id, &req.exec_id, pid).await;
@@ -307,7 +307,8 @@ impl Task for TaskService {
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> Result<Empty> {
         let agent = {
             let st = self.inner.lock();
-            match st.process(&req.id, &req.exec_id)?.status {
+            let p = st.process(&req.id, &req.exec_id)?;
+            match p.status {
                 Status::Stopped => return Ok(Empty::new()),
                 Status::Created if !req.exec_id.is_empty() => {
                     return Err(status(
@@ -315,9 +316,18 @@ impl Task for TaskService {
                         format!("process {} was never started", req.exec_id),
                     ));
                 }
-                _ => {}
+                Status::Created if !p.starting => None,
+                _ => Some(st.agent(&req.id)?),
             }
-            st.agent(&req.id)?
+        };
+        let Some(agent) = agent else {
+            // Nothing runs yet: as with runc's init killed before start, the task ends
+            // here (its container is removed from the guest at Delete).
+            if req.signal != 0 {
+                info!(self.inner.log, "kill of a task never started"; "container" => &req.id, "signal" => req.signal);
+                self.inner.record_exit(&req.id, "", 128 + req.signal).await;
+            }
+            return Ok(Empty::new());
         };
         info!(self.inner.log, "kill"; "container" => &req.id, "exec" => &req.exec_id, "signal" => req.signal, "all" => req.all);
         match agent

@@ -370,3 +370,24 @@ async fn a_pod_container_needs_its_sandbox_container_first() {
     assert!(format!("{err:?}").contains("create its sandbox container first"));
     assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn killing_a_task_never_started_ends_it_as_runc_does() {
+    needs_root!();
+    let f = fixture(None);
+    f.create(SB).await.unwrap();
+    let kill = KillRequest {
+        id: SB.into(),
+        signal: 9,
+        ..Default::default()
+    };
+    f.svc.kill(&ctx(), kill).await.unwrap();
+    assert_eq!(f.wait(SB, "").await.exit_status, 137);
+    assert_eq!(
+        f.agent.called("SignalProcess"),
+        0,
+        "nothing runs in the guest yet"
+    );
+    assert_eq!(f.delete(SB).await.unwrap().exit_status, 137);
+    assert!(f.share_is_gone());
+}

@@ -64,7 +64,7 @@ impl Inner {
     }
 
     /// Marks a process stopped with `code` (unless it already is) and publishes TaskExit.
-    async fn record_exit(&self, cid: &str, exec_id: &str, code: u32) {
+    pub(super) async fn record_exit(&self, cid: &str, exec_id: &str, code: u32) {
         let at = SystemTime::now();
         let pid = {
             let mut st = self.lock();

@@ -1,15 +1,8 @@
-//! Device models: the port I/O and MMIO buses, legacy devices (serial, i8042), the
-//! virtio-mmio transport with its queue-notification worker, and virtio devices (rng, vsock,
-//! block).
+//! Device models, laid out like the machine: [`bus`] routes port I/O and MMIO exits to
+//! devices; [`legacy`] holds the PC devices the guest expects at fixed ports (serial,
+//! i8042); [`virtio`] holds the virtio-mmio transport, its queue-notification thread, and
+//! one module per virtio device (rng, vsock, fs, block, net).
 
-pub mod block;
 pub mod bus;
-pub mod fs;
-pub mod i8042;
-pub mod mmio;
-pub mod net;
-pub mod notifier;
-pub mod rng;
-pub mod serial;
-pub mod tap;
-pub mod vsock_mmio;
+pub mod legacy;
+pub mod virtio;

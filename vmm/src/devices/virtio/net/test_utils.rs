@@ -1,11 +1,35 @@
-//! Host-side helpers for tests with a tap: bring an interface up quietly, and send and
-//! receive frames of a local experimental EtherType on it through an AF_PACKET socket.
-//! Also compiled into the net device's unit tests (`#[path]`), which use part of it.
-#![allow(dead_code)]
+//! The host's side of a tap, for tests only (the net unit tests, and the boot tests
+//! through the `test-utils` feature): whether taps can be made here, unique tap names, a
+//! quiet link-up, and an AF_PACKET socket that sends and receives frames of a local
+//! experimental EtherType on the interface. Helpers panic on failure, as tests do.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use hypervisor::test_skip::skipped;
+
+use super::tap::TUN_DEVICE;
+
+/// Whether this process can create taps (root with a working tun driver); if not, the
+/// test is reported as skipped.
+pub fn taps_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    (root && std::path::Path::new(TUN_DEVICE).exists())
+        || skipped(&format!("needs root and {TUN_DEVICE} to create taps"))
+}
+
+/// A tap name no other test (or test process) uses: `kvt<pid>n<counter>`.
+pub fn unique_name() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "kvt{}n{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// A local experimental EtherType: nothing else on the tap speaks it.
 pub const ETHERTYPE: u16 = 0x88b5;

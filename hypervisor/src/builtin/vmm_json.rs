@@ -1,4 +1,9 @@
-//! `vmm.json`: what `kata-vmm --config FILE` boots.
+//! `vmm.json`: the contract between the builtin backend, which writes it, and
+//! `kata-vmm --config FILE`, which boots what it describes. One typed model for both sides
+//! (kata-vmm re-exports this module as `vmm::config`); every struct rejects unknown fields,
+//! so a key one side adds and the other does not know fails at once with the key named.
+//!
+//! This module only reads the file it is given; it touches nothing else.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +37,7 @@ pub enum ConfigError {
 
 /// The hybrid vsock device: guest CID and the host unix socket.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct VsockConfig {
     /// The guest's context id (3 or more).
     pub guest_cid: u64,
@@ -77,12 +83,16 @@ pub struct FsConfig {
     pub queue_size: u16,
 }
 
+/// The virtio-fs queue size when `vmm.json` gives none.
+pub const DEFAULT_FS_QUEUE_SIZE: u16 = 1024;
+
 fn default_fs_queue_size() -> u16 {
-    1024
+    DEFAULT_FS_QUEUE_SIZE
 }
 
 /// The VM to boot.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct VmConfig {
     /// An ELF vmlinux (64-bit Linux boot, or PVH if it has the PVH note).
     pub kernel: PathBuf,
@@ -270,6 +280,39 @@ mod tests {
             ..c
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        for (text, field) in [
+            (r#"{"kernel": "/k", "memory": 128}"#, "memory"),
+            (
+                r#"{"kernel": "/k", "vsock": {"guest_cid": 3, "uds_path": "/v", "port": 1}}"#,
+                "port",
+            ),
+            (
+                r#"{"kernel": "/k", "fs": [{"socket": "/s", "tag": "t", "cache": "auto"}]}"#,
+                "cache",
+            ),
+        ] {
+            let e = serde_json::from_str::<VmConfig>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("unknown field `{field}`")),
+                "{text}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vmm.json");
+        std::fs::write(&path, r#"{"kernel": "/k", "vcpu": 2}"#).unwrap();
+        let e = VmConfig::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert!(e.contains("vcpu"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::bus::BusDevice;
+use crate::devices::bus::BusDevice;
 use crate::vstate::exit::ExitEvent;
 
 const DATA_OFFSET: u64 = 0; // port 0x60

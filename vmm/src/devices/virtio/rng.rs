@@ -86,8 +86,10 @@ impl VirtioDevice for RngDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::mmio::tests::{handshake, push_buffer, read32, test_mem, write32, USED};
-    use crate::devices::mmio::MmioTransport;
+    use crate::devices::virtio::mmio::tests::{
+        handshake, push_buffer, read32, test_mem, write32, USED,
+    };
+    use crate::devices::virtio::mmio::MmioTransport;
     use vm_memory::GuestAddress;
     use vmm_sys_util::eventfd::EventFd;
 

@@ -136,8 +136,8 @@ impl QueueNotifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::mmio::tests::{handshake, test_mem};
-    use crate::devices::mmio::{VirtioDevice, VIRTIO_F_VERSION_1};
+    use crate::devices::virtio::mmio::tests::{handshake, test_mem};
+    use crate::devices::virtio::mmio::{VirtioDevice, VIRTIO_F_VERSION_1};
     use std::os::fd::RawFd;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use virtio_queue::Queue;

@@ -12,7 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 /// The virtio 1.x net header (`virtio_net_hdr_v1`) that precedes every frame.
 pub const VNET_HDR_LEN: usize = 12;
 
-const TUN_DEVICE: &str = "/dev/net/tun";
+pub(crate) const TUN_DEVICE: &str = "/dev/net/tun";
 
 /// Errors while opening a tap.
 #[derive(Debug, thiserror::Error)]
@@ -193,34 +193,9 @@ impl AsRawFd for Tap {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
+    use super::super::test_utils::{interface_exists, taps_available, unique_name};
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Whether this process can create taps (root with a working tun driver).
-    pub(crate) fn taps_available() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root || !std::path::Path::new(TUN_DEVICE).exists() {
-            eprintln!("skipped: creating taps needs root and {TUN_DEVICE}");
-            return false;
-        }
-        true
-    }
-
-    /// A tap name no other test (or test process) uses: `kvt<pid>n<counter>`.
-    pub(crate) fn unique_name() -> String {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        format!(
-            "kvt{}n{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-
-    fn interface_exists(name: &str) -> bool {
-        std::path::Path::new("/sys/class/net").join(name).exists()
-    }
 
     #[test]
     fn names_are_checked_before_the_kernel_sees_them() {

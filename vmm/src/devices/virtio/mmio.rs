@@ -11,7 +11,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::bus::BusDevice;
+use crate::devices::bus::BusDevice;
 
 /// "virt" in little endian.
 pub const MMIO_MAGIC_VALUE: u32 = 0x7472_6976;

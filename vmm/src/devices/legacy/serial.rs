@@ -6,7 +6,7 @@ use std::io::Write;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::bus::BusDevice;
+use crate::devices::bus::BusDevice;
 
 /// An interrupt line driven through an eventfd (an irqfd in KVM).
 pub struct EventFdTrigger(EventFd);

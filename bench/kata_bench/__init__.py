@@ -1,0 +1,9 @@
+"""`make bench`, split along what it measures.
+
+Read in this order: `settings` (env vars and constants) -> `procs` (child processes,
+killed by pid) -> `harness` (the private containerd, ids, set-up and clean-up) -> one module
+per measurement: `startup` (ctr run echo, floor boot, and the shim's phases through
+`shimlog`), `throughput` (stdout through ctr, the vsock ceiling), `exec_latency`, `memory`
+(PSS of one idle sandbox), `idle` (runs those three on one idle pair), `density` -> `report`
+(table and JSON) -> `main`. Only the Python standard library is used.
+"""

@@ -1,0 +1,77 @@
+"""6: density. BENCH_DENSITY sandboxes started at once: time until all run, host memory
+used, how many were lost; then all are removed."""
+
+import json
+import time
+
+from .host import mem_available_kib, our_sandboxes
+from .procs import reap, spawn
+from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
+
+
+def density_once(h, side):
+    ids = [h.new_id(side[0] + "d") for _ in range(DENSITY)]
+    before = mem_available_kib()
+    m0 = time.monotonic()
+    procs = {cid: spawn(h.run_args(side, cid, ["sleep", "600"], detach=True, rm=False),
+                        env=h.env) for cid in ids}
+    failed = set()
+    running = set()
+    deadline = m0 + DENSITY_TIMEOUT
+    t_all = None
+    while True:
+        for cid, p in procs.items():
+            if cid not in failed and p.poll() is not None and p.returncode != 0:
+                failed.add(cid)
+        st = h.tasks()
+        running = {c for c in ids if st.get(c) == "RUNNING"}
+        if len(running) + len(failed - running) >= DENSITY and \
+                all(p.poll() is not None for p in procs.values()):
+            t_all = (time.monotonic() - m0) * 1000
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    after = mem_available_kib()
+    for cid, p in procs.items():
+        rc, _, err = reap(p, 5)
+        if rc != 0:
+            log("%s density: ctr run -d %s failed (rc %s): %s" % (side, cid, rc, err.strip()[-300:]))
+    lost = DENSITY - len(running)
+    used = (before - after) / 1024
+    h.remove(ids)
+    left = [d for d in our_sandboxes() if any(d.endswith("/" + c) for c in ids)]
+    deadline = time.monotonic() + 30
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [d for d in our_sandboxes() if any(d.endswith("/" + c) for c in ids)]
+    if left:
+        log("%s density: left behind after removal: %s" % (side, left))
+    return {"all_running_ms": t_all if lost == 0 else None, "lost": lost, "mem_mib": used,
+            "mem_per_mib": used / len(running) if running else None}
+
+def bench_density(h):
+    res = {"kata": [], "runc": []}
+    for i in range(DENSITY_RUNS):
+        for side in ab_order(i):
+            r = h.density_once(side)
+            res[side].append(r)
+            log("density run %d/%d %s: %s" % (i + 1, DENSITY_RUNS, side, json.dumps(r)))
+    sec = "6. density: %d sandboxes started in parallel (ctr run -d ... sleep 600)" % DENSITY
+    R = h.report
+
+    def col(side, k):
+        return [r[k] for r in res[side] if r[k] is not None]
+    R.add(sec, "density_all_running_ms", "time until all RUNNING", "ms",
+          "from spawning the %d ctr run -d to `ctr task ls` showing all RUNNING (polled every "
+          "~0.1 s); runs with losses excluded" % DENSITY,
+          kata=col("kata", "all_running_ms"), runc=col("runc", "all_running_ms"))
+    R.add(sec, "density_mem_mib", "host memory used, total", "MiB",
+          "MemAvailable (/proc/meminfo) before spawning minus when all were RUNNING; "
+          "includes page cache and anything else on the host",
+          kata=col("kata", "mem_mib"), runc=col("runc", "mem_mib"))
+    R.add(sec, "density_mem_per_mib", "  per running sandbox", "MiB", "total / running",
+          kata=col("kata", "mem_per_mib"), runc=col("runc", "mem_per_mib"))
+    R.add(sec, "density_lost", "lost (not RUNNING)", "count",
+          "of %d: ctr run -d failed or not RUNNING within %d s" % (DENSITY, DENSITY_TIMEOUT),
+          kata=col("kata", "lost"), runc=col("runc", "lost"))

@@ -1,0 +1,83 @@
+"""5: memory. PSS (/proc/PID/smaps_rollup) of one idle sandbox by role: the shim, the VMM,
+virtiofsd and the vsock backend (pids from persist.json, each with its descendants), and
+runc's shim with its container processes."""
+
+import json
+import os
+import time
+
+from .host import children_map, cmdline, pss_kib, with_descendants
+from .settings import RUNS, SBS, log
+
+
+def sample(ids):
+    """PSS in MiB by role of the idle kata sandbox ids["kata"] and of runc's ids["runc"]."""
+    kids = children_map()
+    res = {}
+    try:
+        with open(os.path.join(SBS, ids["kata"], "persist.json")) as f:
+            st = json.load(f)
+    except (OSError, ValueError) as e:
+        log("reading persist.json of %s: %s" % (ids["kata"], e))
+        return None
+    roles = {"shim": [st.get("shim_pid", 0)], "qemu": [], "virtiofsd": [], "vsock": []}
+    if st.get("vmm_pid", 0) > 0:
+        roles["qemu"] = with_descendants(st["vmm_pid"], kids)
+    for h in st.get("helper_pids", []):
+        name = os.path.basename((cmdline(h) or [""])[0])
+        role = "virtiofsd" if "virtiofsd" in name else "vsock"
+        roles[role] += with_descendants(h, kids)
+    for role, pids in roles.items():
+        vals = [pss_kib(p) for p in pids if p > 0]
+        vals = [v for v in vals if v is not None]
+        res[role] = sum(vals) / 1024 if vals else None
+    res["sum"] = sum(v for k, v in res.items() if v is not None)
+    runc_shim = None
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        a = cmdline(int(d))
+        if a and "containerd-shim-runc-v2" in a[0] and "-id" in a:
+            i = a.index("-id")
+            if i + 1 < len(a) and a[i + 1] == ids["runc"]:
+                runc_shim = int(d)
+                break
+    res["runc_shim"] = (pss_kib(runc_shim) or 0) / 1024 if runc_shim else None
+    if runc_shim:
+        others = [p for p in with_descendants(runc_shim, kids) if p != runc_shim]
+        vals = [pss_kib(p) for p in others]
+        res["runc_container"] = sum(v for v in vals if v is not None) / 1024
+    return res
+
+
+def measure(ids):
+    """RUNS samples, half a second apart."""
+    mem = []
+    for _ in range(RUNS):
+        m = sample(ids)
+        if m:
+            mem.append(m)
+        time.sleep(0.5)
+    return mem
+
+
+def add_rows(R, mem):
+    sec = "5. memory (PSS, /proc/PID/smaps_rollup, one idle `sleep 600`)"
+    how_pids = "pids from /run/vc/sbs/<id>/persist.json"
+    R.add(sec, "pss_shim_mib", "shim", "MiB",
+          "kata: shim_pid; runc: containerd-shim-runc-v2 whose cmdline has -id <id>",
+          kata=[m["shim"] for m in mem], runc=[m["runc_shim"] for m in mem])
+    R.add(sec, "pss_qemu_mib", "VMM (qemu)", "MiB", "vmm_pid and its descendants; " + how_pids,
+          kata=[m["qemu"] for m in mem], single=True)
+    R.add(sec, "pss_virtiofsd_mib", "virtiofsd", "MiB",
+          "helper_pids entry named virtiofsd and its descendants (sandbox child)",
+          kata=[m["virtiofsd"] for m in mem], single=True)
+    R.add(sec, "pss_vsock_mib", "vsock backend", "MiB",
+          "the other helper_pids entry (the vsock backend, kata-vsock by default) and its descendants",
+          kata=[m["vsock"] for m in mem], single=True)
+    R.add(sec, "pss_sum_mib", "sum", "MiB",
+          "kata: shim + VMM + virtiofsd + vsock backend; runc: shim + container processes",
+          kata=[m["sum"] for m in mem],
+          runc=[(m["runc_shim"] or 0) + (m.get("runc_container") or 0) for m in mem])
+    if not mem:
+        R.notes.append("memory: persist.json could not be read; no PSS figures")
