@@ -35,6 +35,13 @@ impl AgentError {
     }
 }
 
+/// A refused spec is the caller's to fix.
+impl From<crate::spec::SpecError> for AgentError {
+    fn from(e: crate::spec::SpecError) -> AgentError {
+        AgentError::InvalidArgument(e.to_string())
+    }
+}
+
 impl From<AgentError> for ttrpc::Error {
     fn from(e: AgentError) -> ttrpc::Error {
         let code = match &e {

@@ -10,6 +10,40 @@ use slog::{crit, Logger};
 
 use crate::cgroup::CgroupRoot;
 
+/// A boot step that failed; the VM cannot serve without it.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("failed to {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to {action}: {}: check the guest kernel's config", source.desc())]
+    Sys {
+        action: String,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("failed to enable the cgroup controllers: {0}")]
+    Cgroup(#[source] std::io::Error),
+}
+
+fn create_dir(path: impl AsRef<Path>) -> Result<(), InitError> {
+    let path = path.as_ref();
+    fs::create_dir_all(path).map_err(|source| InitError::Io {
+        action: "create directory",
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn sys(action: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> InitError {
+    let action = action.into();
+    move |source| InitError::Sys { action, source }
+}
+
 struct BaseMount {
     source: &'static str,
     target: &'static str,
@@ -82,23 +116,22 @@ fn base_mounts() -> [BaseMount; 8] {
 
 /// Mounts the guest's base file systems. Runs before logging exists (the console is on
 /// devtmpfs), so it returns the first error for the caller to log.
-pub fn mount_base() -> Result<(), String> {
+pub fn mount_base() -> Result<(), InitError> {
     for m in base_mounts() {
-        fs::create_dir_all(m.target).map_err(|e| format!("create {}: {e}", m.target))?;
+        create_dir(m.target)?;
         mount(Some(m.source), m.target, Some(m.fstype), m.flags, m.data)
-            .map_err(|e| format!("mount {} on {}: {e}", m.fstype, m.target))?;
+            .map_err(sys(format!("mount {} on {}", m.fstype, m.target)))?;
     }
     if let Some(root) = CgroupRoot::detect(Path::new("/sys/fs/cgroup")) {
-        root.enable_controllers()
-            .map_err(|e| format!("enable cgroup controllers: {e}"))?;
+        root.enable_controllers().map_err(InitError::Cgroup)?;
     }
     Ok(())
 }
 
 /// Mounts the sandbox's virtio-fs share where the shim put the container rootfs.
-pub fn mount_shared_dir() -> Result<(), String> {
+pub fn mount_shared_dir() -> Result<(), InitError> {
     let dir = protocols::GUEST_SHARED_DIR;
-    fs::create_dir_all(dir).map_err(|e| format!("create {dir}: {e}"))?;
+    create_dir(dir)?;
     mount(
         Some(protocols::SHARED_FS_TAG),
         dir,
@@ -106,7 +139,10 @@ pub fn mount_shared_dir() -> Result<(), String> {
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| format!("mount virtiofs {} on {dir}: {e}", protocols::SHARED_FS_TAG))
+    .map_err(sys(format!(
+        "mount virtiofs {} on {dir}",
+        protocols::SHARED_FS_TAG
+    )))
 }
 
 /// Ends the VM: with `reboot=t -no-reboot` a reset makes QEMU exit.
@@ -168,10 +204,10 @@ fn bind_shell_dir(new_root: &Path) {
 /// The agent's binary stays where it is, in the initramfs: nothing re-executes it by path
 /// (container stages start from `/proc/self/exe`), so neither a copy nor a re-exec is
 /// needed, which under TCG saved ~60 ms of every boot.
-pub fn leave_initramfs() -> Result<(), String> {
+pub fn leave_initramfs() -> Result<(), InitError> {
     let new_root = Path::new("/newroot");
     let none: Option<&str> = None;
-    fs::create_dir_all(new_root).map_err(|e| format!("create {}: {e}", new_root.display()))?;
+    create_dir(new_root)?;
     mount(
         Some("tmpfs"),
         new_root,
@@ -179,15 +215,13 @@ pub fn leave_initramfs() -> Result<(), String> {
         MsFlags::MS_NOSUID,
         Some("mode=0755"),
     )
-    .map_err(|e| format!("mount tmpfs on {}: {e}", new_root.display()))?;
+    .map_err(sys(format!("mount tmpfs on {}", new_root.display())))?;
     for dir in ["proc", "sys", "dev", "run", "tmp", "etc"] {
-        fs::create_dir_all(new_root.join(dir))
-            .map_err(|e| format!("create /newroot/{dir}: {e}"))?;
+        create_dir(new_root.join(dir))?;
     }
     bind_shell_dir(new_root);
-    std::env::set_current_dir(new_root).map_err(|e| format!("chdir /newroot: {e}"))?;
-    mount(Some("."), "/", none, MsFlags::MS_MOVE, none)
-        .map_err(|e| format!("move /newroot to /: {e}"))?;
-    nix::unistd::chroot(".").map_err(|e| format!("chroot into the new root: {e}"))?;
-    std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))
+    nix::unistd::chdir(new_root).map_err(sys("chdir to /newroot"))?;
+    mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(sys("move /newroot to /"))?;
+    nix::unistd::chroot(".").map_err(sys("chroot into the new root"))?;
+    nix::unistd::chdir("/").map_err(sys("chdir to /"))
 }

@@ -41,11 +41,11 @@ fn main() {
         let log = logging::logger(true);
         init::install_panic_hook(log.clone());
         if let Err(e) = switched {
-            slog::warn!(log, "staying on the initramfs root; containers cannot pivot_root"; "error" => e);
+            slog::warn!(log, "staying on the initramfs root; containers cannot pivot_root"; "error" => %e);
         }
         let mounted_ms = init::boot_ms();
         if let Err(e) = mounted.and_then(|()| init::mount_shared_dir()) {
-            init::fatal(&log, &e);
+            init::fatal(&log, &e.to_string());
         }
         // Where boot time goes, in ms since the kernel started.
         slog::info!(log, "agent started"; "init_ms" => started_ms,
@@ -65,7 +65,7 @@ fn main() {
         }
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
         if let Err(e) = serve(&log, &addr, true) {
-            init::fatal(&log, &e);
+            init::fatal(&log, &e.to_string());
         }
         init::fatal(&log, "the ttrpc server stopped");
     }

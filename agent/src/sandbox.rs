@@ -87,7 +87,7 @@ impl Sandbox {
                 "container {id} already exists"
             )));
         }
-        let mut spec = Spec::from_json(spec_json).map_err(AgentError::InvalidArgument)?;
+        let mut spec = Spec::from_json(spec_json)?;
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
         let devpts = self.own_devpts(id, &mut spec);
         let tty_dir = devpts.clone().unwrap_or_else(|| PathBuf::from("/dev/pts"));
@@ -96,14 +96,15 @@ impl Sandbox {
             .as_ref()
             .is_some_and(|p| p.terminal)
             .then_some(tty_dir.as_path());
-        let resources = LinuxResources::from_spec_json(spec_json)
-            .map_err(|e| e.in_context(&format!("create container {id}")))?;
+        let resources = spec.linux.as_ref().and_then(|l| l.resources.as_ref());
         let cgroup = match &self.cgroups {
-            Some(root) => Some(self.create_cgroup(root, id, resources.as_ref()).await?),
+            Some(root) => Some(self.create_cgroup(root, id, resources).await?),
             None => None,
         };
         let config = StageConfig {
-            mode: StageMode::Create { spec },
+            mode: StageMode::Create {
+                spec: Box::new(spec),
+            },
             cgroup: cgroup.as_ref().map(|p| p.display().to_string()),
         };
         let launched =
@@ -198,13 +199,11 @@ impl Sandbox {
                 "container {id} is not running"
             )));
         }
-        let process: spec::Process = serde_json::from_slice(process_json)
-            .map_err(|e| AgentError::InvalidArgument(format!("invalid OCI process JSON: {e}")))?;
-        process.validate().map_err(AgentError::InvalidArgument)?;
+        let process = spec::Process::from_json(process_json)?;
         let terminal = process.terminal.then_some(container.terminal_dir());
         let config = StageConfig {
             mode: StageMode::Exec {
-                process,
+                process: Box::new(process),
                 init_pid: container.init.pid,
                 seccomp: container.seccomp.clone(),
             },

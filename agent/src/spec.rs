@@ -1,12 +1,44 @@
-//! The parts of the OCI runtime spec (config.json) that the agent acts on.
+//! The OCI runtime spec (config.json) as the agent holds it: parsed once, at
+//! CreateContainer (or ExecProcess, for a process), then handed on typed: the cgroup
+//! code gets `linux.resources`, the container stage gets the whole spec.
 //!
-//! Plain serde structs rather than `oci-spec`: the agent reads a handful of fields and
-//! passes the same structs to the container stage, so they must also serialize.
-//! Unknown fields are ignored.
+//! Plain serde structs rather than `oci-spec`: the stage receives the spec re-serialised,
+//! and `oci-spec`'s structs drop every field they do not know (and reject some values
+//! runc accepts), while the shim passes fields through on purpose. Here the fields the
+//! agent acts on are typed, and the rest of each object the shim sends is kept in
+//! `extra` (`#[serde(flatten)]`), so nothing is lost on the way to the stage.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::cgroup::resources::LinuxResources;
+use crate::stage::StageError;
+
+/// Why a spec (or an ExecProcess process) was refused; always the caller's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("invalid OCI spec JSON: {0}")]
+    SpecJson(#[source] serde_json::Error),
+    #[error("invalid OCI process JSON: {0}")]
+    ProcessJson(#[source] serde_json::Error),
+    #[error("OCI spec has no {0}: the shim must send one")]
+    Missing(&'static str),
+    #[error("process.args must not be empty: give the command to run")]
+    NoArgs,
+    #[error("{field} {value:?} must be an absolute path")]
+    NotAbsolute { field: &'static str, value: String },
+    #[error(
+        "linux.namespaces[{index}].type {typ:?} is not a namespace type this agent supports: \
+         use one of {}",
+        crate::stage::NAMESPACE_TYPES.join(", ")
+    )]
+    UnknownNamespace { index: usize, typ: String },
+    /// A field the stage would refuse (capability, rlimit, sysctl), caught up front.
+    #[error(transparent)]
+    Field(#[from] StageError),
+}
 
 /// The PATH used to resolve `args[0]` when `process.env` has none (runc's default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -19,6 +51,11 @@ pub struct Spec {
     pub hostname: Option<String>,
     pub mounts: Vec<Mount>,
     pub linux: Option<Linux>,
+    /// Not interpreted by the agent; kept for the stage and whoever reads it next.
+    pub annotations: BTreeMap<String, String>,
+    /// Every other field (`ociVersion`, `hooks`, ...), passed through unchanged.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -37,6 +74,9 @@ pub struct Process {
     pub apparmor_profile: Option<String>,
     /// The guest has no SELinux; logged and ignored.
     pub selinux_label: Option<String>,
+    /// Fields the agent does not interpret (`consoleSize`, `oomScoreAdj`, ...).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 impl Process {
@@ -48,16 +88,23 @@ impl Process {
             .unwrap_or(DEFAULT_PATH)
     }
 
+    /// Parses and checks an OCI process sent by ExecProcess.
+    pub fn from_json(bytes: &[u8]) -> Result<Process, SpecError> {
+        let process: Process = serde_json::from_slice(bytes).map_err(SpecError::ProcessJson)?;
+        process.validate()?;
+        Ok(process)
+    }
+
     /// Checks what the stage cannot do without.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.args.is_empty() {
-            return Err("process.args must not be empty".into());
+            return Err(SpecError::NoArgs);
         }
         if !self.cwd.starts_with('/') {
-            return Err(format!(
-                "process.cwd {:?} must be an absolute path",
-                self.cwd
-            ));
+            return Err(SpecError::NotAbsolute {
+                field: "process.cwd",
+                value: self.cwd.clone(),
+            });
         }
         if let Some(caps) = &self.capabilities {
             crate::stage::caps::CapabilitySets::parse(caps)?;
@@ -105,6 +152,8 @@ pub struct User {
 pub struct Root {
     pub path: String,
     pub readonly: bool,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -115,6 +164,9 @@ pub struct Mount {
     pub typ: Option<String>,
     pub source: Option<String>,
     pub options: Vec<String>,
+    /// Fields the agent does not interpret (`uidMappings`, ...).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -126,6 +178,11 @@ pub struct Linux {
     pub sysctl: BTreeMap<String, String>,
     pub devices: Vec<Device>,
     pub seccomp: Option<Seccomp>,
+    /// Applied by the agent to the container's cgroup (see `cgroup::resources`).
+    pub resources: Option<LinuxResources>,
+    /// Fields the agent does not interpret (`cgroupsPath`, `uidMappings`, ...).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// One `linux.devices` entry: a node created in the container's rootfs.
@@ -186,17 +243,16 @@ pub struct Namespace {
 
 impl Spec {
     /// Parses and checks a spec sent by the shim.
-    pub fn from_json(bytes: &[u8]) -> Result<Spec, String> {
-        let spec: Spec =
-            serde_json::from_slice(bytes).map_err(|e| format!("invalid OCI spec JSON: {e}"))?;
-        let process = spec.process.as_ref().ok_or("OCI spec has no process")?;
+    pub fn from_json(bytes: &[u8]) -> Result<Spec, SpecError> {
+        let spec: Spec = serde_json::from_slice(bytes).map_err(SpecError::SpecJson)?;
+        let process = spec.process.as_ref().ok_or(SpecError::Missing("process"))?;
         process.validate()?;
-        let root = spec.root.as_ref().ok_or("OCI spec has no root")?;
+        let root = spec.root.as_ref().ok_or(SpecError::Missing("root"))?;
         if !root.path.starts_with('/') {
-            return Err(format!(
-                "root.path {:?} must be an absolute path",
-                root.path
-            ));
+            return Err(SpecError::NotAbsolute {
+                field: "root.path",
+                value: root.path.clone(),
+            });
         }
         if let Some(linux) = &spec.linux {
             crate::stage::sysctl::validate(&linux.sysctl)?;
@@ -208,16 +264,13 @@ impl Spec {
 
 /// Refuses namespace types the stage cannot create or join: ignoring one would run the
 /// container with less isolation than its spec asked for.
-fn validate_namespaces(namespaces: &[Namespace]) -> Result<(), String> {
-    use crate::stage::NAMESPACE_TYPES;
-    for (i, ns) in namespaces.iter().enumerate() {
-        if !NAMESPACE_TYPES.contains(&ns.typ.as_str()) {
-            return Err(format!(
-                "linux.namespaces[{i}].type {:?} is not a namespace type this agent supports: \
-                 use one of {}",
-                ns.typ,
-                NAMESPACE_TYPES.join(", ")
-            ));
+fn validate_namespaces(namespaces: &[Namespace]) -> Result<(), SpecError> {
+    for (index, ns) in namespaces.iter().enumerate() {
+        if !crate::stage::NAMESPACE_TYPES.contains(&ns.typ.as_str()) {
+            return Err(SpecError::UnknownNamespace {
+                index,
+                typ: ns.typ.clone(),
+            });
         }
     }
     Ok(())
@@ -243,14 +296,61 @@ mod tests {
     }
 
     #[test]
+    fn keeps_what_it_does_not_interpret_on_the_way_to_the_stage() {
+        let json = br#"{"ociVersion":"1.1.0","annotations":{"io.kata.x":"1"},
+            "hooks":{"prestart":[]},
+            "process":{"args":["sh"],"cwd":"/","oomScoreAdj":5},"root":{"path":"/r"},
+            "mounts":[{"destination":"/m","uidMappings":[]}],
+            "linux":{"cgroupsPath":"/k/c","resources":{"pids":{"limit":3},"devices":[]}}}"#;
+        let spec = Spec::from_json(json).expect("valid spec");
+        assert_eq!(
+            spec.annotations.get("io.kata.x").map(String::as_str),
+            Some("1")
+        );
+        let linux = spec.linux.as_ref().expect("linux");
+        assert_eq!(
+            linux
+                .resources
+                .as_ref()
+                .and_then(|r| r.pids.as_ref())
+                .map(|p| p.limit),
+            Some(3)
+        );
+        let again = serde_json::to_value(&spec).expect("serialise");
+        assert_eq!(again["ociVersion"], "1.1.0");
+        assert!(again["hooks"]["prestart"].is_array());
+        assert_eq!(again["process"]["oomScoreAdj"], 5);
+        assert!(again["mounts"][0]["uidMappings"].is_array());
+        assert_eq!(again["linux"]["cgroupsPath"], "/k/c");
+        assert!(again["linux"]["resources"]["devices"].is_array());
+        let back: Spec = serde_json::from_value(again).expect("round trip");
+        assert_eq!(back.annotations.len(), 1);
+    }
+
+    #[test]
+    fn exec_process_is_parsed_and_checked_once() {
+        let process = Process::from_json(br#"{"args":["ls"],"cwd":"/"}"#).expect("valid");
+        assert_eq!(process.args, vec!["ls".to_string()]);
+        let err = Process::from_json(br#"{"args":["ls"],"cwd":"tmp"}"#)
+            .expect_err("relative cwd")
+            .to_string();
+        assert!(err.contains(r#"process.cwd "tmp""#), "{err}");
+        let err = Process::from_json(b"[").expect_err("not JSON").to_string();
+        assert!(err.starts_with("invalid OCI process JSON"), "{err}");
+    }
+
+    #[test]
     fn rejects_missing_args_and_relative_root() {
         let no_args = br#"{"process":{"args":[],"cwd":"/"},"root":{"path":"/r"}}"#;
         assert!(Spec::from_json(no_args).is_err());
         let rel = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"r"}}"#;
-        assert!(Spec::from_json(rel).unwrap_err().contains("root.path"));
+        let err = Spec::from_json(rel).expect_err("relative root").to_string();
+        assert!(err.contains("root.path"), "{err}");
         let bad_ns = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"/r"},
             "linux":{"namespaces":[{"type":"pid"},{"type":"wormhole"}]}}"#;
-        let err = Spec::from_json(bad_ns).expect_err("unknown namespace type");
+        let err = Spec::from_json(bad_ns)
+            .expect_err("unknown namespace type")
+            .to_string();
         assert!(
             err.contains(r#"linux.namespaces[1].type "wormhole""#),
             "{err}"

@@ -10,12 +10,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{write_file, CgroupError};
 
 /// The OCI LinuxResources object (only what cgroup v2 can express).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LinuxResources {
     pub memory: Option<Memory>,
@@ -29,9 +29,13 @@ pub struct LinuxResources {
     pub network: Option<serde_json::Value>,
     /// Not supported by this agent: rejected when set.
     pub rdma: Option<serde_json::Value>,
+    /// What cgroup v2 cannot express (`devices`, ...): ignored, but kept so the spec
+    /// reaches the stage whole.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Memory {
     pub limit: Option<i64>,
@@ -40,7 +44,7 @@ pub struct Memory {
     pub swap: Option<i64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Cpu {
     pub shares: Option<u64>,
@@ -53,13 +57,13 @@ pub struct Cpu {
     pub idle: Option<i64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Pids {
     pub limit: i64,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct BlockIo {
     pub weight: Option<u16>,
@@ -71,7 +75,7 @@ pub struct BlockIo {
     pub throttle_write_iops_device: Option<Vec<ThrottleDevice>>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ThrottleDevice {
     pub major: i64,
@@ -79,7 +83,7 @@ pub struct ThrottleDevice {
     pub rate: u64,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HugepageLimit {
     pub page_size: String,
@@ -100,21 +104,6 @@ impl LinuxResources {
     pub fn from_json(bytes: &[u8]) -> Result<LinuxResources, CgroupError> {
         serde_json::from_slice(bytes)
             .map_err(|e| CgroupError::InvalidResources(format!("not a LinuxResources JSON: {e}")))
-    }
-
-    /// `linux.resources` of a whole OCI spec (CreateContainer's payload), if any.
-    pub fn from_spec_json(bytes: &[u8]) -> Result<Option<LinuxResources>, CgroupError> {
-        #[derive(Deserialize)]
-        struct SpecView {
-            linux: Option<LinuxView>,
-        }
-        #[derive(Deserialize)]
-        struct LinuxView {
-            resources: Option<LinuxResources>,
-        }
-        let spec: SpecView = serde_json::from_slice(bytes)
-            .map_err(|e| CgroupError::InvalidResources(format!("in the OCI spec: {e}")))?;
-        Ok(spec.linux.and_then(|l| l.resources))
     }
 }
 
@@ -423,14 +412,11 @@ mod tests {
 
     #[test]
     fn spec_resources_and_bad_input() {
-        let spec = br#"{"process":{},"linux":{"resources":{"pids":{"limit":3}}}}"#;
-        let r = LinuxResources::from_spec_json(spec)
-            .expect("parse")
-            .expect("resources");
+        let spec = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"/r"},
+            "linux":{"resources":{"pids":{"limit":3}}}}"#;
+        let spec = crate::spec::Spec::from_json(spec).expect("parse");
+        let r = spec.linux.and_then(|l| l.resources).expect("resources");
         assert_eq!(r.pids.map(|p| p.limit), Some(3));
-        assert!(LinuxResources::from_spec_json(b"{}")
-            .expect("parse")
-            .is_none());
         let bad_key = LinuxResources::from_json(br#"{"unified":{"../x":"1"}}"#).expect("parse");
         assert!(plan(&bad_key).is_err());
         let rt = LinuxResources::from_json(br#"{"cpu":{"realtimeRuntime":5}}"#).expect("parse");

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-use super::log;
+use super::{log, StageError};
 use crate::spec::Capabilities;
 
 /// The five sets, parsed and checked.
@@ -23,7 +23,7 @@ pub struct CapabilitySets {
 
 impl CapabilitySets {
     /// Parses every name; an unknown one is an error that names it.
-    pub fn parse(spec: &Capabilities) -> Result<CapabilitySets, String> {
+    pub fn parse(spec: &Capabilities) -> Result<CapabilitySets, StageError> {
         Ok(CapabilitySets {
             bounding: parse_set("bounding", &spec.bounding)?,
             effective: parse_set("effective", &spec.effective)?,
@@ -35,13 +35,13 @@ impl CapabilitySets {
 
     /// The sets of `process.capabilities`, or all empty when the spec has none (runc's
     /// behaviour: no capabilities field means no capabilities).
-    pub fn from_spec(spec: Option<&Capabilities>) -> Result<CapabilitySets, String> {
+    pub fn from_spec(spec: Option<&Capabilities>) -> Result<CapabilitySets, StageError> {
         spec.map_or_else(|| Ok(CapabilitySets::default()), CapabilitySets::parse)
     }
 
     /// Drops every supported capability that is not in the bounding set. Needs
     /// CAP_SETPCAP, so it runs before the user changes.
-    pub fn apply_bounding(&self, sync: BorrowedFd<'_>) -> Result<(), String> {
+    pub fn apply_bounding(&self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
         let supported = caps::runtime::thread_all_supported();
         for cap in &self.bounding {
             if !supported.contains(cap) {
@@ -52,15 +52,19 @@ impl CapabilitySets {
             }
         }
         for cap in supported.difference(&self.bounding) {
-            caps::drop(None, CapSet::Bounding, *cap)
-                .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+            caps::drop(None, CapSet::Bounding, *cap).map_err(|source| {
+                StageError::Capabilities {
+                    action: format!("drop {cap} from the bounding set"),
+                    source,
+                }
+            })?;
         }
         Ok(())
     }
 
     /// Sets the effective, inheritable, permitted and ambient sets. Runs after the user
     /// changed (with PR_SET_KEEPCAPS, so the permitted set survived the setuid).
-    pub fn apply(&self, sync: BorrowedFd<'_>) -> Result<(), String> {
+    pub fn apply(&self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
         let supported = caps::runtime::thread_all_supported();
         let only_supported =
             |set: &CapsHashSet| -> CapsHashSet { set.intersection(&supported).copied().collect() };
@@ -72,11 +76,17 @@ impl CapabilitySets {
             (CapSet::Permitted, "permitted", &self.permitted),
         ];
         for (set, name, caps) in steps {
-            caps::set(None, set, &only_supported(caps))
-                .map_err(|e| format!("set the {name} capabilities to {}: {e}", names(caps)))?;
+            caps::set(None, set, &only_supported(caps)).map_err(|source| {
+                StageError::Capabilities {
+                    action: format!("set the {name} capabilities to {}", names(caps)),
+                    source,
+                }
+            })?;
         }
-        caps::clear(None, CapSet::Ambient)
-            .map_err(|e| format!("clear the ambient capabilities: {e}"))?;
+        caps::clear(None, CapSet::Ambient).map_err(|source| StageError::Capabilities {
+            action: "clear the ambient capabilities".into(),
+            source,
+        })?;
         for cap in only_supported(&self.ambient) {
             // As runc: an ambient capability missing from permitted or inheritable
             // cannot be raised; that is worth a log line, not a failed container.
@@ -88,15 +98,13 @@ impl CapabilitySets {
     }
 }
 
-fn parse_set(set: &str, names: &[String]) -> Result<CapsHashSet, String> {
+fn parse_set(set: &'static str, names: &[String]) -> Result<CapsHashSet, StageError> {
     names
         .iter()
         .map(|name| {
-            Capability::from_str(name).map_err(|_| {
-                format!(
-                    "unknown capability {name:?} in process.capabilities.{set} \
-                     (expected a name such as CAP_CHOWN)"
-                )
+            Capability::from_str(name).map_err(|_| StageError::UnknownCapability {
+                set,
+                name: name.clone(),
             })
         })
         .collect()
@@ -109,28 +117,28 @@ fn names(set: &CapsHashSet) -> String {
 }
 
 /// Sets or clears PR_SET_KEEPCAPS, which keeps the permitted set across setuid.
-pub fn set_keep_caps(keep: bool) -> Result<(), String> {
+pub fn set_keep_caps(keep: bool) -> Result<(), StageError> {
     // SAFETY: PR_SET_KEEPCAPS takes an integer flag and touches no memory of ours.
     let r = unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, libc::c_ulong::from(keep), 0, 0, 0) };
     if r < 0 {
-        return Err(format!(
-            "prctl(PR_SET_KEEPCAPS, {keep}): {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(StageError::Os {
+            action: format!("prctl(PR_SET_KEEPCAPS, {keep})"),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
 
 /// Sets the no_new_privs bit: execve can no longer grant privileges (setuid bits, file
 /// capabilities), and seccomp filters may be loaded without CAP_SYS_ADMIN.
-pub fn set_no_new_privileges() -> Result<(), String> {
+pub fn set_no_new_privileges() -> Result<(), StageError> {
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments and touches no memory of ours.
     let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     if r < 0 {
-        return Err(format!(
-            "prctl(PR_SET_NO_NEW_PRIVS): {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(StageError::Os {
+            action: "prctl(PR_SET_NO_NEW_PRIVS)".into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
@@ -154,7 +162,9 @@ mod tests {
             ambient: vec!["CAP_FLY".into()],
             ..Default::default()
         };
-        let err = CapabilitySets::parse(&bad).expect_err("unknown");
+        let err = CapabilitySets::parse(&bad)
+            .expect_err("unknown")
+            .to_string();
         assert!(err.contains("CAP_FLY") && err.contains("ambient"), "{err}");
     }
 }

@@ -15,7 +15,7 @@ use nix::mount::MsFlags;
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nix::unistd::{chown, Gid, Uid};
 
-use super::{log, mounts::do_mount, paths};
+use super::{log, mounts::do_mount, paths, StageError};
 use crate::spec::{Device, Spec};
 
 /// (name, major, minor): character devices every container gets, mode 0666, root-owned.
@@ -37,7 +37,7 @@ const DEFAULT_SYMLINKS: [(&str, &str); 5] = [
 ];
 
 /// Creates every node and link in `rootfs` (the guest path of the container's root).
-pub fn create_all(sync: BorrowedFd<'_>, rootfs: &Path, spec: &Spec) -> Result<(), String> {
+pub fn create_all(sync: BorrowedFd<'_>, rootfs: &Path, spec: &Spec) -> Result<(), StageError> {
     let spec_devices: &[Device] = spec.linux.as_ref().map_or(&[], |l| &l.devices);
     paths::mkdir_in_root(rootfs, "/dev")?;
     for (name, major, minor) in DEFAULT_DEVICES {
@@ -62,20 +62,19 @@ pub fn create_all(sync: BorrowedFd<'_>, rootfs: &Path, spec: &Spec) -> Result<()
     for (src, link) in DEFAULT_SYMLINKS {
         let target = paths::resolve_in_root(rootfs, link)?;
         if target.symlink_metadata().is_err() {
-            symlink(src, &target).map_err(|e| format!("symlink {}: {e}", target.display()))?;
+            symlink(src, &target).map_err(|e| StageError::io("create symlink", &target, e))?;
         }
     }
     if spec.process.as_ref().is_some_and(|p| p.terminal) {
         // The pty slave is the process's stdin; runc bind-mounts it on /dev/console.
         // Its path, not the fd: the fd's mount belongs to the agent's mount namespace,
         // which a bind into this one refuses (EINVAL).
-        let pty = fs::read_link("/proc/self/fd/0")
-            .map_err(|e| format!("find the terminal of /dev/console: {e}"))?;
+        let pty = fs::read_link("/proc/self/fd/0").map_err(|source| StageError::Os {
+            action: "find the terminal for /dev/console".into(),
+            source,
+        })?;
         if !pty.is_absolute() {
-            return Err(format!(
-                "the process has a terminal but its stdin is {}, not a pty",
-                pty.display()
-            ));
+            return Err(StageError::NoPty { stdin: pty });
         }
         let console = paths::touch_in_root(rootfs, "/dev/console")?;
         do_mount(Some(&pty), &console, None, MsFlags::MS_BIND, None)?;
@@ -83,30 +82,32 @@ pub fn create_all(sync: BorrowedFd<'_>, rootfs: &Path, spec: &Spec) -> Result<()
     Ok(())
 }
 
-fn node_kind(dev: &Device) -> Result<SFlag, String> {
+fn node_kind(dev: &Device) -> Result<SFlag, StageError> {
     Ok(match dev.typ.as_str() {
         "c" | "u" => SFlag::S_IFCHR,
         "b" => SFlag::S_IFBLK,
         "p" => SFlag::S_IFIFO,
         other => {
-            return Err(format!(
-                "device {}: unknown type {other:?} (expected c, u, b or p)",
-                dev.path
+            return Err(StageError::bad_field(
+                format!("linux.devices {}", dev.path),
+                format!("unknown type {other:?}: use c, u, b or p"),
             ))
         }
     })
 }
 
-fn create(sync: BorrowedFd<'_>, rootfs: &Path, dev: &Device) -> Result<(), String> {
+fn create(sync: BorrowedFd<'_>, rootfs: &Path, dev: &Device) -> Result<(), StageError> {
     if !dev.path.starts_with("/dev/") {
-        return Err(format!("device path {:?} must be under /dev/", dev.path));
+        return Err(StageError::bad_field(
+            "linux.devices[].path",
+            format!("{:?} must be under /dev/", dev.path),
+        ));
     }
     let kind = node_kind(dev)?;
     let mode = dev.file_mode.unwrap_or(0o666) & 0o7777;
     let target = paths::resolve_in_root(rootfs, &dev.path)?;
     if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| format!("create directory {}: {e}", parent.display()))?;
+        fs::create_dir_all(parent).map_err(|e| StageError::io("create directory", parent, e))?;
         paths::checked(rootfs, parent)?;
     }
     if target.symlink_metadata().is_ok() {
@@ -133,30 +134,30 @@ fn create(sync: BorrowedFd<'_>, rootfs: &Path, dev: &Device) -> Result<(), Strin
             return bind_guest_node(&target, dev);
         }
         Err(e) => {
-            return Err(format!(
-                "mknod {} for device {}: {e}",
-                target.display(),
-                dev.path
+            return Err(StageError::sys(
+                format!("mknod {} for device {}", target.display(), dev.path),
+                e,
             ))
         }
     }
     // mknod applied the umask; the spec's mode is exact.
     fs::set_permissions(&target, fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod device {}: {e}", dev.path))?;
+        .map_err(|e| StageError::io("chmod device", &target, e))?;
     chown(
         &target,
         Some(Uid::from_raw(dev.uid.unwrap_or(0))),
         Some(Gid::from_raw(dev.gid.unwrap_or(0))),
     )
-    .map_err(|e| format!("chown device {}: {e}", dev.path))
+    .map_err(|e| StageError::sys(format!("chown device {}", dev.path), e))
 }
 
-fn bind_guest_node(target: &Path, dev: &Device) -> Result<(), String> {
+fn bind_guest_node(target: &Path, dev: &Device) -> Result<(), StageError> {
     let source = Path::new(&dev.path);
     if source.symlink_metadata().is_err() {
-        return Err(format!(
-            "device {}: cannot create the node and the guest has none to bind-mount",
-            dev.path
+        return Err(StageError::bad_field(
+            format!("linux.devices {}", dev.path),
+            "cannot create the node and the guest has none to bind-mount: \
+             remove the device from the spec",
         ));
     }
     fs::OpenOptions::new()
@@ -164,13 +165,13 @@ fn bind_guest_node(target: &Path, dev: &Device) -> Result<(), String> {
         .create(true)
         .truncate(false)
         .open(target)
-        .map_err(|e| format!("create mount target {}: {e}", target.display()))?;
+        .map_err(|e| StageError::io("create mount target", target, e))?;
     do_mount(Some(source), target, None, MsFlags::MS_BIND, None)
 }
 
-fn bad_number(dev: &Device) -> String {
-    format!(
-        "device {}: invalid major/minor {}:{}",
-        dev.path, dev.major, dev.minor
+fn bad_number(dev: &Device) -> StageError {
+    StageError::bad_field(
+        format!("linux.devices {}", dev.path),
+        format!("invalid major/minor {}:{}", dev.major, dev.minor),
     )
 }

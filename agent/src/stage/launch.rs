@@ -4,7 +4,8 @@
 //! resolved through the process's own PATH. Everything that can be checked without
 //! changing the process is checked first, in [`Launch::prepare`], so a bad capability
 //! name or seccomp profile fails early, and what the rootfs must provide (user name, cwd,
-//! command) in [`Launch::check_in_rootfs`]. Errors return as text; the caller reports them.
+//! command) in [`Launch::check_in_rootfs`]. Errors return as [`StageError`]; the caller
+//! reports them.
 
 use std::ffi::CString;
 use std::os::fd::BorrowedFd;
@@ -16,7 +17,7 @@ use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
 
 use super::caps::{self, CapabilitySets};
-use super::protocol::StageError;
+use super::error::StageError;
 use super::seccomp::Filter;
 use super::{log, passwd, rlimits};
 use crate::spec::{Process, Seccomp};
@@ -37,7 +38,7 @@ impl<'a> Launch<'a> {
         sync: BorrowedFd<'_>,
         process: &'a Process,
         seccomp: Option<&Seccomp>,
-    ) -> Result<Launch<'a>, String> {
+    ) -> Result<Launch<'a>, StageError> {
         let caps = CapabilitySets::from_spec(process.capabilities.as_ref())?;
         rlimits::parse(&process.rlimits)?;
         let seccomp = seccomp.map(|p| Filter::compile(sync, p)).transpose()?;
@@ -59,31 +60,27 @@ impl<'a> Launch<'a> {
         if let Some(name) = process.user.username.as_deref().filter(|n| !n.is_empty()) {
             let (uid, gid) = passwd::lookup(Path::new("/etc/passwd"), name)?;
             if process.user.uid != 0 && process.user.uid != uid {
-                return Err(StageError::InvalidSpec(format!(
-                    "process.user.username {name:?} is uid {uid} in the container's \
-                     /etc/passwd but process.user.uid is {}: give one or make them agree",
-                    process.user.uid
-                )));
+                return Err(StageError::UserMismatch {
+                    name: name.to_string(),
+                    uid,
+                    spec_uid: process.user.uid,
+                });
             }
             (self.uid, self.gid) = (uid, gid);
         }
         match std::fs::metadata(&process.cwd) {
             Ok(meta) if meta.is_dir() => {}
             Ok(_) => {
-                return Err(StageError::InvalidSpec(format!(
-                    "process.cwd {:?}: not a directory in the container's rootfs: \
-                     choose a directory",
-                    process.cwd
-                )))
+                return Err(StageError::CwdNotDirectory {
+                    cwd: process.cwd.clone(),
+                })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StageError::InvalidSpec(format!(
-                    "process.cwd {:?}: no such file or directory in the container's rootfs: \
-                     create it in the image or choose an existing directory",
-                    process.cwd
-                )))
+                return Err(StageError::CwdMissing {
+                    cwd: process.cwd.clone(),
+                })
             }
-            Err(e) => return Err(format!("check process.cwd {:?}: {e}", process.cwd).into()),
+            Err(e) => return Err(StageError::io("check process.cwd", &process.cwd, e)),
         }
         let arg0 = &process.args[0];
         let problem = if arg0.contains('/') {
@@ -100,17 +97,17 @@ impl<'a> Launch<'a> {
                 .then_some("no such executable file")
         };
         if let Some(problem) = problem {
-            return Err(StageError::InvalidSpec(format!(
-                "process.args[0] {arg0:?}: {problem} in the container's rootfs (PATH={}): \
-                 fix the command or add it to the image",
-                process.path_env()
-            )));
+            return Err(StageError::CommandMissing {
+                arg0: arg0.clone(),
+                problem,
+                path_env: process.path_env().to_string(),
+            });
         }
         Ok(self)
     }
 
     /// Turns this process into the container process; returns only on error.
-    pub fn exec(self, sync: BorrowedFd<'_>) -> Result<(), String> {
+    pub fn exec(self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
         let process = self.process;
         if process.terminal {
             set_controlling_terminal()?;
@@ -160,8 +157,10 @@ impl<'a> Launch<'a> {
         ));
 
         let arg0 = &process.args[0];
-        let path = resolve(arg0, process.path_env())
-            .ok_or_else(|| format!("exec {arg0:?}: No such file or directory"))?;
+        let path = resolve(arg0, process.path_env()).ok_or_else(|| StageError::Exec {
+            arg0: arg0.clone(),
+            errno: Errno::ENOENT,
+        })?;
         let path_c = cstring(path.to_string_lossy().as_ref())?;
         let args = process
             .args
@@ -181,27 +180,30 @@ impl<'a> Launch<'a> {
             }
         }
         match execve(&path_c, &args, &env) {
-            Err(e) => Err(format!("exec {arg0:?}: {}", e.desc())),
+            Err(errno) => Err(StageError::Exec {
+                arg0: arg0.clone(),
+                errno,
+            }),
             Ok(never) => match never {},
         }
     }
 }
 
-fn set_controlling_terminal() -> Result<(), String> {
-    setsid().map_err(|e| format!("setsid: {e}"))?;
+fn set_controlling_terminal() -> Result<(), StageError> {
+    setsid().map_err(|e| StageError::sys("start a session (setsid)", e))?;
     // SAFETY: TIOCSCTTY takes an int argument and touches no memory of ours; fd 0 is
     // the pty slave the agent gave us.
     if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
-        return Err(format!(
-            "set controlling terminal: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(StageError::Os {
+            action: "make the pty the controlling terminal".into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
 
 /// Additional groups, then gid, then uid (after which setgroups is no longer allowed).
-fn set_user(process: &Process, uid: u32, gid: u32) -> Result<(), String> {
+fn set_user(process: &Process, uid: u32, gid: u32) -> Result<(), StageError> {
     let user = &process.user;
     let groups: Vec<Gid> = user
         .additional_gids
@@ -209,20 +211,19 @@ fn set_user(process: &Process, uid: u32, gid: u32) -> Result<(), String> {
         .map(|g| Gid::from_raw(*g))
         .collect();
     setgroups(&groups).map_err(|e| {
-        format!(
-            "set additional groups {:?}: {}",
-            user.additional_gids,
-            e.desc()
+        StageError::sys(
+            format!("set additional groups {:?}", user.additional_gids),
+            e,
         )
     })?;
     setgid(Gid::from_raw(gid))
-        .map_err(|e| format!("set gid {gid} (process.user.gid): {}", e.desc()))?;
+        .map_err(|e| StageError::sys(format!("set gid {gid} (process.user.gid)"), e))?;
     setuid(Uid::from_raw(uid))
-        .map_err(|e| format!("set uid {uid} (process.user.uid): {}", e.desc()))
+        .map_err(|e| StageError::sys(format!("set uid {uid} (process.user.uid)"), e))
 }
 
-fn chdir_error(cwd: &str, e: Errno) -> String {
-    format!("chdir to cwd {cwd:?}: {}", e.desc())
+fn chdir_error(cwd: &str, e: Errno) -> StageError {
+    StageError::sys(format!("chdir to process.cwd {cwd:?}"), e)
 }
 
 /// Finds the executable like execvp, but in the container's PATH.
@@ -244,8 +245,10 @@ fn is_executable(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn cstring(s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
+fn cstring(s: &str) -> Result<CString, StageError> {
+    CString::new(s).map_err(|_| StageError::NulByte {
+        value: s.to_string(),
+    })
 }
 
 #[cfg(test)]

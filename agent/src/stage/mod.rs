@@ -11,6 +11,7 @@
 
 pub mod caps;
 mod devices;
+pub mod error;
 mod launch;
 mod mounts;
 mod passwd;
@@ -28,7 +29,8 @@ use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
 
 use crate::spec::Spec;
-use protocol::{recv_message, send_message, StageConfig, StageError, StageMessage, StageMode};
+pub use error::StageError;
+use protocol::{recv_message, send_message, StageConfig, StageMessage, StageMode};
 
 /// Runs the stage and never returns.
 pub fn main() -> ! {
@@ -54,10 +56,12 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
     let mut bytes = Vec::new();
     config_pipe
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("read stage config: {e}"))?;
+        .map_err(|e| StageError::Os {
+            action: "read the stage config from the agent".into(),
+            source: e,
+        })?;
     drop(config_pipe);
-    let config: StageConfig =
-        serde_json::from_slice(&bytes).map_err(|e| format!("parse stage config: {e}"))?;
+    let config: StageConfig = serde_json::from_slice(&bytes).map_err(StageError::Config)?;
 
     if let Some(cgroup) = &config.cgroup {
         // Joining before fork puts the container process in the cgroup before it execs.
@@ -65,11 +69,11 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
             format!("{cgroup}/cgroup.procs"),
             std::process::id().to_string(),
         )
-        .map_err(|e| format!("join cgroup {cgroup}: {e}"))?;
+        .map_err(|e| StageError::io("join cgroup", cgroup, e))?;
     }
 
     match config.mode {
-        StageMode::Create { spec } => create(sync, spec),
+        StageMode::Create { spec } => create(sync, *spec),
         StageMode::Exec {
             process,
             init_pid,
@@ -78,7 +82,7 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
             enter_namespaces_of(init_pid)?;
             fork_and(sync, |sync| {
                 let launch = launch::Launch::prepare(sync, &process, seccomp.as_ref())?;
-                Ok(launch.check_in_rootfs()?.exec(sync)?)
+                launch.check_in_rootfs()?.exec(sync)
             })
         }
     }
@@ -97,8 +101,8 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
     let mut join = Vec::new();
     for ns in spec.linux.iter().flat_map(|l| l.namespaces.iter()) {
         // Spec::from_json refused unknown types already.
-        let flag = namespace_flag(&ns.typ)
-            .ok_or_else(|| format!("unknown namespace type {:?}", ns.typ))?;
+        let flag =
+            namespace_flag(&ns.typ).ok_or_else(|| StageError::UnknownNamespace(ns.typ.clone()))?;
         match ns.path.as_deref().filter(|p| !p.is_empty()) {
             Some(path) => {
                 flags.remove(flag);
@@ -114,21 +118,26 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
         }
     }
     for (path, flag) in &join {
-        let file = File::open(path).map_err(|e| format!("open namespace {path}: {e}"))?;
-        setns(file.as_fd(), *flag).map_err(|e| format!("join namespace {path}: {e}"))?;
+        let file = File::open(path).map_err(|e| StageError::io("open namespace", path, e))?;
+        setns(file.as_fd(), *flag)
+            .map_err(|e| StageError::sys(format!("join namespace {path}"), e))?;
     }
-    unshare(flags).map_err(|e| format!("unshare namespaces {flags:?}: {e}"))?;
+    unshare(flags).map_err(|e| StageError::sys(format!("unshare namespaces {flags:?}"), e))?;
     fork_and(sync, move |sync| {
-        let process = spec.process.as_ref().ok_or("OCI spec has no process")?;
+        let process = spec
+            .process
+            .as_ref()
+            .ok_or(StageError::MissingField("process"))?;
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.as_ref());
         let launch = launch::Launch::prepare(sync, process, seccomp)?;
         mounts::prepare_rootfs(sync, &spec)?;
         let launch = launch.check_in_rootfs()?;
         if let Some(hostname) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
             nix::unistd::sethostname(hostname)
-                .map_err(|e| format!("set hostname {hostname:?}: {e}"))?;
+                .map_err(|e| StageError::sys(format!("set hostname {hostname:?}"), e))?;
         }
-        send_message(sync, &StageMessage::Ready).map_err(|e| format!("report ready: {e}"))?;
+        send_message(sync, &StageMessage::Ready)
+            .map_err(|e| StageError::sys("report ready to the agent", e))?;
         // SAFETY: the agent placed the start pipe at START_FD; only this process reads it.
         let mut start = unsafe { File::from_raw_fd(protocol::START_FD) };
         let mut byte = [0u8; 1];
@@ -138,13 +147,13 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
             _ => std::process::exit(1),
         }
         drop(start);
-        Ok(launch.exec(sync)?)
+        launch.exec(sync)
     })
 }
 
 /// Joins the namespaces of a running container for `exec`; mnt last, since it changes
 /// what `/proc` means.
-fn enter_namespaces_of(pid: i32) -> Result<(), String> {
+fn enter_namespaces_of(pid: i32) -> Result<(), StageError> {
     let kinds = [
         ("ipc", CloneFlags::CLONE_NEWIPC),
         ("uts", CloneFlags::CLONE_NEWUTS),
@@ -155,11 +164,12 @@ fn enter_namespaces_of(pid: i32) -> Result<(), String> {
     let mut files = Vec::new();
     for (name, flag) in kinds {
         let path = format!("/proc/{pid}/ns/{name}");
-        let file = File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+        let file = File::open(&path).map_err(|e| StageError::io("open", &path, e))?;
         files.push((path, file, flag));
     }
     for (path, file, flag) in files {
-        setns(file.as_fd(), flag).map_err(|e| format!("setns {path}: {e}"))?;
+        setns(file.as_fd(), flag)
+            .map_err(|e| StageError::sys(format!("join namespace {path}"), e))?;
     }
     Ok(())
 }
@@ -172,10 +182,10 @@ fn fork_and(
 ) -> Result<(), StageError> {
     // SAFETY: the stage is single-threaded (it was just exec'd and started no threads),
     // so the child may run arbitrary code.
-    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { fork() }.map_err(|e| StageError::sys("fork the container process", e))? {
         ForkResult::Child => {
             let err = match child(sync) {
-                Ok(()) => "container process returned without exec".into(),
+                Ok(()) => StageError::ReturnedWithoutExec,
                 Err(e) => e,
             };
             let _ = send_message(sync, &err.into());
@@ -183,7 +193,7 @@ fn fork_and(
         }
         ForkResult::Parent { child } => {
             send_message(sync, &StageMessage::Pid(child.as_raw()))
-                .map_err(|e| format!("report pid: {e}"))?;
+                .map_err(|e| StageError::sys("report the container's pid to the agent", e))?;
             // Wait for the ack (or the agent going away); its content does not matter.
             let _ = recv_message(sync);
             Ok(())

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
-use super::{devices, log, paths, sysctl};
+use super::{devices, log, paths, sysctl, StageError};
 use crate::spec::{Mount, Spec};
 
 /// Sets up the rootfs and pivots into it.
-pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
-    let root = spec.root.as_ref().ok_or("OCI spec has no root")?;
+pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), StageError> {
+    let root = spec.root.as_ref().ok_or(StageError::MissingField("root"))?;
     let rootfs = PathBuf::from(&root.path);
     do_mount(
         None,
@@ -42,8 +42,7 @@ pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
 
     if root.readonly {
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-        do_mount(None, Path::new("/"), None, flags, None)
-            .map_err(|e| format!("make the rootfs read-only: {e}"))?;
+        do_mount(None, Path::new("/"), None, flags, None)?;
     }
     if let Some(linux) = &spec.linux {
         sysctl::apply(&linux.sysctl)?;
@@ -57,11 +56,11 @@ pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), String> {
     Ok(())
 }
 
-fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), String> {
+fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), StageError> {
     if !m.destination.starts_with('/') {
-        return Err(format!(
-            "mount destination {:?} must be an absolute path",
-            m.destination
+        return Err(StageError::bad_field(
+            "mounts[].destination",
+            format!("{:?} must be an absolute path", m.destination),
         ));
     }
     let typ = m.typ.as_deref().unwrap_or("none");
@@ -70,12 +69,13 @@ fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), Strin
     let source = m.source.clone().unwrap_or_else(|| typ.to_string());
 
     let target = if is_bind {
-        let meta = Path::new(&source).metadata().map_err(|e| {
-            format!(
-                "bind mount source {source:?} for {} is not usable in the guest: {e}",
-                m.destination
-            )
-        })?;
+        let meta = Path::new(&source)
+            .metadata()
+            .map_err(|e| StageError::BindSource {
+                src: source.clone(),
+                destination: m.destination.clone(),
+                source: e,
+            })?;
         if meta.is_dir() {
             paths::mkdir_in_root(rootfs, &m.destination)?
         } else {
@@ -150,9 +150,11 @@ pub fn parse_options(options: &[String]) -> (MsFlags, String) {
 
 /// pivot_root into `rootfs` and detach the old root (runc's "pivot_root(., .)" trick,
 /// which needs no directory for the old root).
-fn enter_rootfs(rootfs: &Path) -> Result<(), String> {
-    chdir(rootfs).map_err(|e| format!("chdir to rootfs {}: {e}", rootfs.display()))?;
-    pivot_root(".", ".").map_err(|e| format!("pivot_root to {}: {e}", rootfs.display()))?;
+fn enter_rootfs(rootfs: &Path) -> Result<(), StageError> {
+    chdir(rootfs)
+        .map_err(|e| StageError::sys(format!("chdir to rootfs {}", rootfs.display()), e))?;
+    pivot_root(".", ".")
+        .map_err(|e| StageError::sys(format!("pivot_root to {}", rootfs.display()), e))?;
     do_mount(
         None,
         Path::new("."),
@@ -160,13 +162,13 @@ fn enter_rootfs(rootfs: &Path) -> Result<(), String> {
         MsFlags::MS_SLAVE | MsFlags::MS_REC,
         None,
     )?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
-    chdir("/").map_err(|e| format!("chdir to /: {e}"))
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| StageError::sys("detach the old root", e))?;
+    chdir("/").map_err(|e| StageError::sys("chdir to /", e))
 }
 
 /// Hides `path`: /dev/null over a file, an empty read-only tmpfs over a directory;
 /// a path that does not exist needs no hiding.
-fn mask_path(path: &str) -> Result<(), String> {
+fn mask_path(path: &str) -> Result<(), StageError> {
     let p = Path::new(path);
     match p.metadata() {
         Err(_) => Ok(()),
@@ -188,7 +190,7 @@ fn mask_path(path: &str) -> Result<(), String> {
 }
 
 /// Makes `path` (and the mounts below it) read-only; a missing path is skipped.
-fn readonly_path(path: &str) -> Result<(), String> {
+fn readonly_path(path: &str) -> Result<(), StageError> {
     let p = Path::new(path);
     if p.metadata().is_err() {
         return Ok(());
@@ -204,14 +206,14 @@ pub(super) fn do_mount(
     fstype: Option<&str>,
     flags: MsFlags,
     data: Option<&str>,
-) -> Result<(), String> {
-    mount(source, target, fstype, flags, data).map_err(|e| {
-        let src = source.map(|s| s.display().to_string()).unwrap_or_default();
-        format!(
-            "mount {src:?} on {} (type {}, flags {flags:?}, data {data:?}): {e}",
-            target.display(),
-            fstype.unwrap_or("none")
-        )
+) -> Result<(), StageError> {
+    mount(source, target, fstype, flags, data).map_err(|errno| StageError::Mount {
+        src: source.map(|s| s.display().to_string()).unwrap_or_default(),
+        target: target.to_path_buf(),
+        fstype: fstype.map(str::to_string),
+        flags,
+        data: data.map(str::to_string),
+        errno,
     })
 }
 

@@ -4,41 +4,34 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::StageError;
+
 /// A passwd file larger than this is not a user database anyone meant to ship.
 const MAX_PASSWD_BYTES: u64 = 4 * 1024 * 1024;
 
 /// uid and gid of `name` in the passwd file at `path`.
-pub fn lookup(path: &Path, name: &str) -> Result<(u32, u32), super::StageError> {
-    use super::StageError::{Failed, InvalidSpec};
+pub fn lookup(path: &Path, name: &str) -> Result<(u32, u32), StageError> {
+    let read_error = |source| StageError::Os {
+        action: format!("read {} to resolve user {name:?}", path.display()),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            InvalidSpec(format!(
-                "process.user.username {name:?} cannot be resolved: the container's rootfs \
-                 has no {}; give a numeric process.user.uid instead",
-                path.display()
-            ))
+            StageError::NoPasswdFile {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+            }
         } else {
-            Failed(format!(
-                "read {} to resolve user {name:?}: {e}",
-                path.display()
-            ))
+            read_error(e)
         }
     })?;
     let mut text = String::new();
     file.take(MAX_PASSWD_BYTES)
         .read_to_string(&mut text)
-        .map_err(|e| {
-            Failed(format!(
-                "read {} to resolve user {name:?}: {e}",
-                path.display()
-            ))
-        })?;
-    find(&text, name).ok_or_else(|| {
-        InvalidSpec(format!(
-            "process.user.username {name:?} is not in the container's {}: add the user to \
-             the image or give a numeric process.user.uid",
-            path.display()
-        ))
+        .map_err(read_error)?;
+    find(&text, name).ok_or_else(|| StageError::UnknownUser {
+        name: name.to_string(),
+        path: path.to_path_buf(),
     })
 }
 

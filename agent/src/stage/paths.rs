@@ -15,12 +15,14 @@ use std::io::ErrorKind;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::StageError;
+
 /// How many symlinks one resolution may follow (the kernel's limit is 40; securejoin's 255).
 const MAX_SYMLINKS: u32 = 255;
 
 /// `path` (a container path) resolved inside `root`; the result is `root` + a path that
 /// contains no symlink among its existing components.
-pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
+pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf, StageError> {
     let mut resolved = PathBuf::new();
     // Components still to visit, last one first.
     let mut pending: Vec<OsString> = Vec::new();
@@ -38,13 +40,7 @@ pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
                 resolved.push(&part);
                 continue;
             }
-            Err(e) => {
-                return Err(format!(
-                    "resolve {path:?} in rootfs {}: {}: {e}",
-                    root.display(),
-                    candidate.display()
-                ))
-            }
+            Err(e) => return Err(StageError::io("look up", candidate, e)),
         };
         if !meta.file_type().is_symlink() {
             resolved.push(&part);
@@ -52,13 +48,13 @@ pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
         }
         links += 1;
         if links > MAX_SYMLINKS {
-            return Err(format!(
-                "resolve {path:?} in rootfs {}: too many levels of symbolic links",
-                root.display()
-            ));
+            return Err(StageError::SymlinkLoop {
+                path: path.to_string(),
+                root: root.to_path_buf(),
+            });
         }
-        let target = fs::read_link(&candidate)
-            .map_err(|e| format!("read symlink {}: {e}", candidate.display()))?;
+        let target =
+            fs::read_link(&candidate).map_err(|e| StageError::io("read symlink", &candidate, e))?;
         push_components(&mut pending, &target, &mut resolved);
     }
     Ok(root.join(resolved))
@@ -83,40 +79,37 @@ fn push_components(pending: &mut Vec<OsString>, path: &Path, resolved: &mut Path
 
 /// Checks, right before use, that `resolved` (from [`resolve_in_root`]) still lies inside
 /// `root` once the kernel resolves it; guards against the rootfs changing in between.
-pub fn checked(root: &Path, resolved: &Path) -> Result<(), String> {
+pub fn checked(root: &Path, resolved: &Path) -> Result<(), StageError> {
     let real_root =
-        fs::canonicalize(root).map_err(|e| format!("resolve rootfs {}: {e}", root.display()))?;
+        fs::canonicalize(root).map_err(|e| StageError::io("resolve rootfs", root, e))?;
     let real = fs::canonicalize(resolved)
-        .map_err(|e| format!("resolve mount target {}: {e}", resolved.display()))?;
+        .map_err(|e| StageError::io("resolve mount target", resolved, e))?;
     if real.starts_with(&real_root) {
         Ok(())
     } else {
-        Err(format!(
-            "{} resolves to {}, outside the rootfs {}",
-            resolved.display(),
-            real.display(),
-            root.display()
-        ))
+        Err(StageError::OutsideRootfs {
+            resolved: resolved.to_path_buf(),
+            real,
+            root: root.to_path_buf(),
+        })
     }
 }
 
 /// Creates the directory `path` (container path) and its parents inside `root`; returns
 /// the resolved path.
-pub fn mkdir_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
+pub fn mkdir_in_root(root: &Path, path: &str) -> Result<PathBuf, StageError> {
     let target = resolve_in_root(root, path)?;
-    fs::create_dir_all(&target)
-        .map_err(|e| format!("create directory {}: {e}", target.display()))?;
+    fs::create_dir_all(&target).map_err(|e| StageError::io("create directory", &target, e))?;
     checked(root, &target)?;
     Ok(target)
 }
 
 /// Creates an empty file at `path` (container path) inside `root` unless something is
 /// there already (e.g. the target of a file bind mount); returns the resolved path.
-pub fn touch_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
+pub fn touch_in_root(root: &Path, path: &str) -> Result<PathBuf, StageError> {
     let target = resolve_in_root(root, path)?;
     if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| format!("create directory {}: {e}", parent.display()))?;
+        fs::create_dir_all(parent).map_err(|e| StageError::io("create directory", parent, e))?;
     }
     if target.symlink_metadata().is_err() {
         fs::OpenOptions::new()
@@ -125,7 +118,7 @@ pub fn touch_in_root(root: &Path, path: &str) -> Result<PathBuf, String> {
             .truncate(false)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&target)
-            .map_err(|e| format!("create mount target {}: {e}", target.display()))?;
+            .map_err(|e| StageError::io("create mount target", &target, e))?;
     }
     checked(root, &target)?;
     Ok(target)
@@ -166,7 +159,9 @@ mod tests {
         assert_eq!(r("/a/rel/x"), root.join("a/b/x"));
         assert_eq!(r("/../../x/./y/.."), root.join("x"));
         assert_eq!(r("/new/dir"), root.join("new/dir"));
-        let err = resolve_in_root(&root, "/loop/x").expect_err("loop");
+        let err = resolve_in_root(&root, "/loop/x")
+            .expect_err("loop")
+            .to_string();
         assert!(err.contains("too many levels"), "{err}");
     }
 

@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use nix::sys::socket::{recv, send, MsgFlags};
 use serde::{Deserialize, Serialize};
 
+use super::error::StageError;
 use crate::spec::{Process, Seccomp, Spec};
 
 /// argv[1] that makes kata-agent run as the container stage.
@@ -36,11 +37,11 @@ pub struct StageConfig {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum StageMode {
     /// A new container: namespaces, rootfs, then the init process waits for start.
-    Create { spec: Spec },
+    Create { spec: Box<Spec> },
     /// An extra process in the namespaces of the running init process `init_pid`,
     /// under the container's seccomp profile (`linux.seccomp`), as runc does.
     Exec {
-        process: Process,
+        process: Box<Process>,
         init_pid: i32,
         #[serde(default)]
         seccomp: Option<Seccomp>,
@@ -64,32 +65,12 @@ pub enum StageMessage {
     Log(String),
 }
 
-/// How a step of the stage failed: through a bad spec (reported as
-/// [`StageMessage::InvalidSpec`]) or otherwise ([`StageMessage::Error`]). Plain `String`
-/// errors convert to `Failed`, so `?` works on the stage's many text errors.
-#[derive(Debug, PartialEq, Eq)]
-pub enum StageError {
-    InvalidSpec(String),
-    Failed(String),
-}
-
-impl From<String> for StageError {
-    fn from(e: String) -> StageError {
-        StageError::Failed(e)
-    }
-}
-
-impl From<&str> for StageError {
-    fn from(e: &str) -> StageError {
-        StageError::Failed(e.to_string())
-    }
-}
-
 impl From<StageError> for StageMessage {
     fn from(e: StageError) -> StageMessage {
-        match e {
-            StageError::InvalidSpec(e) => StageMessage::InvalidSpec(e),
-            StageError::Failed(e) => StageMessage::Error(e),
+        if e.is_invalid_spec() {
+            StageMessage::InvalidSpec(e.to_string())
+        } else {
+            StageMessage::Error(e.to_string())
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use nix::sys::resource::{setrlimit, Resource};
 
+use super::StageError;
 use crate::spec::Rlimit;
 
 /// Maps an OCI rlimit name (`RLIMIT_NOFILE`) to the resource.
@@ -29,22 +30,18 @@ fn resource(name: &str) -> Option<Resource> {
 }
 
 /// Checks every entry; an unknown name or soft > hard is an error that names it.
-pub fn parse(rlimits: &[Rlimit]) -> Result<Vec<(Resource, &Rlimit)>, String> {
+pub fn parse(rlimits: &[Rlimit]) -> Result<Vec<(Resource, &Rlimit)>, StageError> {
     rlimits
         .iter()
         .map(|r| {
-            let res = resource(&r.typ).ok_or_else(|| {
-                format!(
-                    "unknown rlimit type {:?} in process.rlimits (expected a name such as \
-                     RLIMIT_NOFILE)",
-                    r.typ
-                )
-            })?;
+            let res =
+                resource(&r.typ).ok_or_else(|| StageError::UnknownRlimit { typ: r.typ.clone() })?;
             if r.soft > r.hard {
-                return Err(format!(
-                    "rlimit {}: soft limit {} is above the hard limit {}",
-                    r.typ, r.soft, r.hard
-                ));
+                return Err(StageError::RlimitSoftAboveHard {
+                    typ: r.typ.clone(),
+                    soft: r.soft,
+                    hard: r.hard,
+                });
             }
             Ok((res, r))
         })
@@ -52,15 +49,12 @@ pub fn parse(rlimits: &[Rlimit]) -> Result<Vec<(Resource, &Rlimit)>, String> {
 }
 
 /// Applies every entry to this process; the limits survive execve.
-pub fn apply(rlimits: &[Rlimit]) -> Result<(), String> {
+pub fn apply(rlimits: &[Rlimit]) -> Result<(), StageError> {
     for (res, r) in parse(rlimits)? {
         setrlimit(res, r.soft, r.hard).map_err(|e| {
-            format!(
-                "set rlimit {} to soft {} / hard {}: {}",
-                r.typ,
-                r.soft,
-                r.hard,
-                e.desc()
+            StageError::sys(
+                format!("set rlimit {} to soft {} / hard {}", r.typ, r.soft, r.hard),
+                e,
             )
         })?;
     }
@@ -81,13 +75,15 @@ mod tests {
 
     #[test]
     fn names_map_and_bad_entries_are_named() {
-        assert_eq!(
-            parse(&[rlimit("RLIMIT_NOFILE", 10, 20)]).map(|v| v.len()),
-            Ok(1)
-        );
-        let err = parse(&[rlimit("RLIMIT_BOGUS", 1, 1)]).expect_err("unknown");
+        let ok = [rlimit("RLIMIT_NOFILE", 10, 20)];
+        assert_eq!(parse(&ok).expect("valid").len(), 1);
+        let err = parse(&[rlimit("RLIMIT_BOGUS", 1, 1)])
+            .expect_err("unknown")
+            .to_string();
         assert!(err.contains("RLIMIT_BOGUS"), "{err}");
-        let err = parse(&[rlimit("RLIMIT_CORE", 2, 1)]).expect_err("soft > hard");
+        let err = parse(&[rlimit("RLIMIT_CORE", 2, 1)])
+            .expect_err("soft > hard")
+            .to_string();
         assert!(err.contains("RLIMIT_CORE"), "{err}");
     }
 }

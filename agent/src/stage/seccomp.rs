@@ -15,7 +15,7 @@ use libseccomp::{
     ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
 };
 
-use super::log;
+use super::{log, StageError};
 use crate::spec::{Seccomp, SeccompArg, SeccompSyscalls};
 
 /// Syscalls take at most six arguments.
@@ -28,22 +28,26 @@ pub struct Filter {
 
 impl Filter {
     /// Compiles `profile`; errors name the field and value at fault.
-    pub fn compile(sync: BorrowedFd<'_>, profile: &Seccomp) -> Result<Filter, String> {
+    pub fn compile(sync: BorrowedFd<'_>, profile: &Seccomp) -> Result<Filter, StageError> {
         let default = action(
             "linux.seccomp.defaultAction",
             &profile.default_action,
             profile.default_errno_ret,
         )?;
-        let mut ctx = ScmpFilterContext::new_filter(default)
-            .map_err(|e| format!("create seccomp filter: {e}"))?;
+        let mut ctx =
+            ScmpFilterContext::new_filter(default).map_err(|e| seccomp("create the filter", e))?;
         // no_new_privs is the spec's decision (process.noNewPrivileges), not the filter's.
         ctx.set_ctl_nnp(false)
-            .map_err(|e| format!("seccomp filter: clear the NNP attribute: {e}"))?;
+            .map_err(|e| seccomp("clear the filter's NNP attribute", e))?;
         for arch in &profile.architectures {
-            let a = ScmpArch::from_str(arch)
-                .map_err(|_| format!("unknown seccomp architecture {arch:?}"))?;
+            let a = ScmpArch::from_str(arch).map_err(|_| {
+                StageError::bad_field(
+                    "linux.seccomp.architectures",
+                    format!("unknown seccomp architecture {arch:?}"),
+                )
+            })?;
             ctx.add_arch(a)
-                .map_err(|e| format!("add seccomp architecture {arch}: {e}"))?;
+                .map_err(|e| seccomp(&format!("add seccomp architecture {arch}"), e))?;
         }
         for flag in &profile.flags {
             match flag.as_str() {
@@ -51,9 +55,14 @@ impl Filter {
                 "SECCOMP_FILTER_FLAG_TSYNC" => Ok(()),
                 "SECCOMP_FILTER_FLAG_LOG" => ctx.set_ctl_log(true),
                 "SECCOMP_FILTER_FLAG_SPEC_ALLOW" => ctx.set_ctl_ssb(true),
-                other => return Err(format!("unsupported seccomp flag {other:?}")),
+                other => {
+                    return Err(StageError::bad_field(
+                        "linux.seccomp.flags",
+                        format!("unsupported seccomp flag {other:?}"),
+                    ))
+                }
             }
-            .map_err(|e| format!("set seccomp flag {flag}: {e}"))?;
+            .map_err(|e| seccomp(&format!("set seccomp flag {flag}"), e))?;
         }
         for (i, rule) in profile.syscalls.iter().enumerate() {
             add_rule(sync, &mut ctx, default, i, rule)?;
@@ -62,10 +71,17 @@ impl Filter {
     }
 
     /// Loads the filter into this process (it is inherited across execve).
-    pub fn load(&self) -> Result<(), String> {
+    pub fn load(&self) -> Result<(), StageError> {
         self.ctx
             .load()
-            .map_err(|e| format!("load seccomp filter: {e}"))
+            .map_err(|e| seccomp("load the seccomp filter", e))
+    }
+}
+
+fn seccomp(action: &str, source: libseccomp::error::SeccompError) -> StageError {
+    StageError::Seccomp {
+        action: action.to_string(),
+        source,
     }
 }
 
@@ -75,7 +91,7 @@ fn add_rule(
     default: ScmpAction,
     index: usize,
     rule: &SeccompSyscalls,
-) -> Result<(), String> {
+) -> Result<(), StageError> {
     let field = format!("linux.seccomp.syscalls[{index}]");
     let act = action(&format!("{field}.action"), &rule.action, rule.errno_ret)?;
     if act == default {
@@ -102,33 +118,36 @@ fn add_rule(
         } else {
             ctx.add_rule_conditional(act, syscall, &conditions)
         };
-        added.map_err(|e| format!("seccomp rule {field} for {name}: {e}"))?;
+        added.map_err(|e| seccomp(&format!("add seccomp rule {field} for {name}"), e))?;
     }
     Ok(())
 }
 
 /// An OCI action name with its errno (EPERM unless given).
-fn action(field: &str, name: &str, errno: Option<u32>) -> Result<ScmpAction, String> {
+fn action(field: &str, name: &str, errno: Option<u32>) -> Result<ScmpAction, StageError> {
     let ret = errno.unwrap_or(libc::EPERM as u32);
     let ret = i32::try_from(ret)
         .ok()
         .filter(|r| *r <= i32::from(u16::MAX))
-        .ok_or_else(|| format!("{field}: errno {ret} is out of range"))?;
+        .ok_or_else(|| {
+            StageError::bad_field(field, format!("errno {ret} is out of range (0-65535)"))
+        })?;
     if name == "SCMP_ACT_NOTIFY" {
-        return Err(format!(
-            "{field}: SCMP_ACT_NOTIFY needs a seccomp agent, which this runtime does not support"
+        return Err(StageError::bad_field(
+            field,
+            "SCMP_ACT_NOTIFY needs a seccomp agent, which this runtime does not support",
         ));
     }
     let value = matches!(name, "SCMP_ACT_ERRNO" | "SCMP_ACT_TRACE").then_some(ret);
     ScmpAction::from_str(name, value)
-        .map_err(|_| format!("{field}: unknown seccomp action {name:?}"))
+        .map_err(|_| StageError::bad_field(field, format!("unknown seccomp action {name:?}")))
 }
 
-fn condition(field: &str, arg: &SeccompArg) -> Result<ScmpArgCompare, String> {
+fn condition(field: &str, arg: &SeccompArg) -> Result<ScmpArgCompare, StageError> {
     if arg.index >= MAX_ARGS {
-        return Err(format!(
-            "{field}: argument index {} is out of range (0-5)",
-            arg.index
+        return Err(StageError::bad_field(
+            field,
+            format!("argument index {} is out of range (0-5)", arg.index),
         ));
     }
     let op = match arg.op.as_str() {
@@ -140,8 +159,9 @@ fn condition(field: &str, arg: &SeccompArg) -> Result<ScmpArgCompare, String> {
                 arg.value_two,
             ))
         }
-        other => ScmpCompareOp::from_str(other)
-            .map_err(|_| format!("{field}: unknown seccomp operator {other:?}"))?,
+        other => ScmpCompareOp::from_str(other).map_err(|_| {
+            StageError::bad_field(field, format!("unknown seccomp operator {other:?}"))
+        })?,
     };
     Ok(ScmpArgCompare::new(arg.index, op, arg.value))
 }
@@ -152,16 +172,13 @@ mod tests {
 
     #[test]
     fn actions_and_conditions_parse() {
-        assert_eq!(
-            action("f", "SCMP_ACT_ERRNO", None),
-            Ok(ScmpAction::Errno(libc::EPERM))
-        );
-        assert_eq!(
-            action("f", "SCMP_ACT_ERRNO", Some(38)),
-            Ok(ScmpAction::Errno(38))
-        );
-        assert_eq!(action("f", "SCMP_ACT_ALLOW", None), Ok(ScmpAction::Allow));
-        let err = action("f", "SCMP_ACT_DANCE", None).expect_err("unknown");
+        let act = |name, errno| action("f", name, errno).expect("valid action");
+        assert_eq!(act("SCMP_ACT_ERRNO", None), ScmpAction::Errno(libc::EPERM));
+        assert_eq!(act("SCMP_ACT_ERRNO", Some(38)), ScmpAction::Errno(38));
+        assert_eq!(act("SCMP_ACT_ALLOW", None), ScmpAction::Allow);
+        let err = action("f", "SCMP_ACT_DANCE", None)
+            .expect_err("unknown")
+            .to_string();
         assert!(err.contains("SCMP_ACT_DANCE"), "{err}");
         assert!(action("f", "SCMP_ACT_NOTIFY", None).is_err());
         let arg = SeccompArg {
@@ -170,7 +187,8 @@ mod tests {
             value_two: 0,
             op: "SCMP_CMP_EQ".into(),
         };
-        assert!(condition("f", &arg).expect_err("index").contains("index 7"));
+        let err = condition("f", &arg).expect_err("index").to_string();
+        assert!(err.contains("index 7"), "{err}");
         let arg = SeccompArg {
             index: 0,
             op: "SCMP_CMP_WHAT".into(),

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::StageError;
+
 /// IPC parameters that live in the IPC namespace (besides `fs.mqueue.*`).
 const IPC_SYSCTLS: [&str; 8] = [
     "kernel.msgmax",
@@ -22,7 +24,7 @@ const IPC_SYSCTLS: [&str; 8] = [
 ];
 
 /// Rejects keys that are not namespaced or not plain names; checked at create time.
-pub fn validate(sysctls: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn validate(sysctls: &BTreeMap<String, String>) -> Result<(), StageError> {
     for key in sysctls.keys() {
         let plain = !key.is_empty()
             && key
@@ -30,7 +32,7 @@ pub fn validate(sysctls: &BTreeMap<String, String>) -> Result<(), String> {
                 .all(|part| !part.is_empty() && part != "..")
             && !key.contains('\0');
         if !plain {
-            return Err(format!("invalid sysctl name {key:?} in linux.sysctl"));
+            return Err(StageError::SysctlName { key: key.clone() });
         }
         let allowed = IPC_SYSCTLS.contains(&key.as_str())
             || key.starts_with("fs.mqueue.")
@@ -42,9 +44,10 @@ pub fn validate(sysctls: &BTreeMap<String, String>) -> Result<(), String> {
             } else {
                 "it is not namespaced and would change the whole VM"
             };
-            return Err(format!(
-                "sysctl {key:?} is not allowed in a container: {why}"
-            ));
+            return Err(StageError::SysctlNotAllowed {
+                key: key.clone(),
+                why,
+            });
         }
     }
     Ok(())
@@ -58,11 +61,13 @@ fn proc_path(key: &str) -> PathBuf {
 
 /// Writes every parameter; runs in the container's namespaces after /proc is mounted
 /// and before /proc/sys becomes read-only.
-pub fn apply(sysctls: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn apply(sysctls: &BTreeMap<String, String>) -> Result<(), StageError> {
     for (key, value) in sysctls {
         let path = proc_path(key);
-        std::fs::write(&path, value.as_bytes())
-            .map_err(|e| format!("set sysctl {key} = {value:?} ({}): {e}", path.display()))?;
+        std::fs::write(&path, value.as_bytes()).map_err(|source| StageError::Os {
+            action: format!("set sysctl {key} = {value:?} ({})", path.display()),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -81,7 +86,9 @@ mod tests {
         assert!(validate(&one("fs.mqueue.msg_max")).is_ok());
         assert!(validate(&one("net.ipv4.ip_forward")).is_ok());
         assert!(validate(&one("kernel.domainname")).is_ok());
-        let err = validate(&one("vm.swappiness")).expect_err("global");
+        let err = validate(&one("vm.swappiness"))
+            .expect_err("global")
+            .to_string();
         assert!(
             err.contains("vm.swappiness") && err.contains("not namespaced"),
             "{err}"
