@@ -79,28 +79,53 @@ fn main() {
         std::process::exit(1);
     }
     if let Err(e) = serve(&log, &addr, false) {
-        error!(log, "agent failed"; "error" => e);
+        error!(log, "agent failed"; "error" => %e);
         std::process::exit(1);
     }
 }
 
-fn parse_listen(args: &[String]) -> Result<Option<String>, String> {
+/// Why the agent could not serve its API.
+#[derive(Debug, thiserror::Error)]
+enum ServeError {
+    #[error("unexpected arguments {0:?}")]
+    Usage(Vec<String>),
+    #[error("expected vsock://CID:PORT or unix:///path, got {0:?}")]
+    Address(String),
+    #[error("failed to {step}: {source}")]
+    Io {
+        step: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to start the ttrpc server on {addr}: {source}")]
+    Server {
+        addr: String,
+        #[source]
+        source: ttrpc::Error,
+    },
+}
+
+fn io_step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+    let step = step.into();
+    move |source| ServeError::Io { step, source }
+}
+
+fn parse_listen(args: &[String]) -> Result<Option<String>, ServeError> {
     match args {
         [] => Ok(None),
         [flag, addr] if flag == "--listen" => Ok(Some(addr.clone())),
-        _ => Err(format!("unexpected arguments {args:?}")),
+        _ => Err(ServeError::Usage(args.to_vec())),
     }
 }
 
-fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
+fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| format!("start tokio runtime: {e}"))?;
+        .map_err(io_step("start the tokio runtime"))?;
     rt.block_on(async {
-        let reaper =
-            Reaper::start(log.clone()).map_err(|e| format!("install SIGCHLD handler: {e}"))?;
+        let reaper = Reaper::start(log.clone()).map_err(io_step("install the SIGCHLD handler"))?;
         let cgroups = CgroupRoot::detect(Path::new("/sys/fs/cgroup"));
         let sandbox = Arc::new(Sandbox::new(log.clone(), reaper, cgroups));
         let on_destroy: fn() = if pid1 {
@@ -112,18 +137,21 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
             sandbox: sandbox.clone(),
             on_destroy,
         });
-        let listener = listen(log, addr).map_err(|e| format!("listen on {addr}: {e}"))?;
+        let listener = listen(log, addr)?;
         let mut server = ttrpc::r#async::Server::new()
             .add_listener(listener)
             .register_service(protocols::agent_ttrpc::create_agent_service(service));
         server
             .start()
             .await
-            .map_err(|e| format!("start ttrpc server on {addr}: {e}"))?;
+            .map_err(|source| ServeError::Server {
+                addr: addr.to_string(),
+                source,
+            })?;
         info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| format!("install SIGTERM handler: {e}"))?;
+            .map_err(io_step("install the SIGTERM handler"))?;
         if pid1 {
             std::future::pending::<()>().await;
         }
@@ -137,7 +165,7 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), String> {
 
 /// The API's listener: on vsock, one that serves the host only (see `host_only`); on a
 /// unix socket (tests on the host), ttrpc's own.
-fn listen(log: &Logger, addr: &str) -> Result<Listener, String> {
+fn listen(log: &Logger, addr: &str) -> Result<Listener, ServeError> {
     if let Some(vsock) = addr.strip_prefix("vsock://") {
         let parsed = vsock.split_once(':').and_then(|(cid, port)| {
             // ttrpc's spelling of VMADDR_CID_ANY.
@@ -147,15 +175,13 @@ fn listen(log: &Logger, addr: &str) -> Result<Listener, String> {
             };
             Some((cid, port.parse().ok()?))
         });
-        let (cid, port) =
-            parsed.ok_or_else(|| format!("expected vsock://CID:PORT, got {addr:?}"))?;
-        return host_only::ttrpc_listener(log.clone(), cid, port).map_err(|e| e.to_string());
+        let (cid, port) = parsed.ok_or_else(|| ServeError::Address(addr.to_string()))?;
+        return host_only::ttrpc_listener(log.clone(), cid, port)
+            .map_err(io_step(format!("listen on {addr}")));
     }
     let Some(path) = addr.strip_prefix("unix://") else {
-        return Err(format!(
-            "unsupported address {addr:?}: expected unix:///path or vsock://CID:PORT"
-        ));
+        return Err(ServeError::Address(addr.to_string()));
     };
     let _ = std::fs::remove_file(path);
-    Listener::bind(addr).map_err(|e| e.to_string())
+    Listener::bind(addr).map_err(io_step(format!("listen on {addr}")))
 }
