@@ -18,26 +18,26 @@ pub struct Watched {
 }
 
 impl Watched {
-    /// Names a helper by its command name (`/proc/<pid>/comm`).
+    /// A helper, named by its command (`/proc/<pid>/comm`): name it while it runs.
     pub fn helper(pid: i32) -> Self {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim().to_string())
-            .unwrap_or_else(|_| "process".into());
         Watched {
             pid,
-            what: format!("helper {comm}"),
+            what: format!("helper {}", comm(pid)),
         }
     }
 
     pub fn vmm(pid: i32) -> Self {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim().to_string())
-            .unwrap_or_else(|_| "process".into());
         Watched {
             pid,
-            what: format!("the VMM {comm}"),
+            what: format!("the VMM {}", comm(pid)),
         }
     }
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "process".into())
 }
 
 /// The first of `watched` that has exited, said as a sentence; None while all run.
