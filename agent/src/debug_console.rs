@@ -138,8 +138,8 @@ pub fn session(log: &Logger, conn: OwnedFd, devpts: &Path) -> io::Result<i32> {
     let mut conn = File::from(conn);
     let Some(shell) = find_shell() else {
         let _ = conn.write_all(
-            b"kata-agent: the guest has no shell (/bin/sh): the initrd was built without \
-              busybox; rebuild it with `make initrd` (guest/build-initrd.sh BUSYBOX)\r\n",
+            b"kata-agent: the guest has no shell (/bin/sh): boot the sandbox with the debug \
+              initrd (initrd = \"/usr/share/kata-containers/kata-initrd-debug.img\")\r\n",
         );
         return Err(io::Error::new(
             io::ErrorKind::NotFound,

@@ -3,7 +3,7 @@
 //! debug_console_enabled = true`), and never reachable from a container.
 //!
 //! `kata-runtime` comes from `KATA_TEST_SHIM_DIR` (`make build` puts it next to the shim).
-//! The shell is the initrd's busybox (`make initrd`).
+//! The shell is the debug initrd's busybox (`make initrd` builds it beside the plain one).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -121,7 +121,7 @@ fn lines(text: &str) -> Vec<String> {
 fn exec_opens_a_root_shell_in_the_guest() {
     let id = "dbgcon-on";
     let _cleanup = SandboxCleanup::new(id);
-    let config = RuntimeConfig::qemu().set("agent.kata", "debug_console_enabled", "true");
+    let config = debug_config();
     let c = Containerd::start_configured("dbgcon-on", &config);
     start_detached(&c, id, &[], &["sleep", "600"]);
 
@@ -253,7 +253,7 @@ fn a_container_cannot_reach_the_console() {
     let id = "dbgcon-iso";
     let _cleanup = SandboxCleanup::new(id);
     let probe = StaticProbe::build("console-probe", PROBE_C);
-    let config = RuntimeConfig::qemu().set("agent.kata", "debug_console_enabled", "true");
+    let config = debug_config();
     let c = Containerd::start_configured("dbgcon-iso", &config);
     start_detached(&c, id, &["--mount", &probe.mount()], &["sleep", "600"]);
 
@@ -291,4 +291,13 @@ fn a_container_cannot_reach_the_console() {
 
     remove_detached(&c, id);
     assert_no_leftovers(id);
+}
+
+/// A runtime configuration with the console on and the debug initrd, which has the shell.
+fn debug_config() -> RuntimeConfig {
+    let initrd = std::env::var("KATA_TEST_DEBUG_INITRD")
+        .expect("KATA_TEST_DEBUG_INITRD is not set: run the end-to-end tests with `make test`");
+    RuntimeConfig::qemu()
+        .set("agent.kata", "debug_console_enabled", "true")
+        .set("hypervisor.qemu", "initrd", &toml_str(&initrd))
 }
