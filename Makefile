@@ -15,6 +15,8 @@ INITRD := $(GUEST_CACHE)/kata-initrd.img
 # every boot its unpacking (~100 ms under TCG here), so production guests have none.
 INITRD_DEBUG := $(GUEST_CACHE)/kata-initrd-debug.img
 IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
+# The pod sandbox image of the CRI tests: our own static pause (scripts/pause.c).
+PAUSE_IMAGE_TAR := $(GUEST_CACHE)/pause-image.tar
 PREFIX ?= /usr/local
 SHARE_DIR := /usr/share/kata-containers
 DEFAULTS_DIR := /usr/share/defaults/kata-containers
@@ -64,6 +66,7 @@ initrd: agent
 image:
 	@mkdir -p $(GUEST_CACHE)
 	bash scripts/busybox-image.sh $(IMAGE_TAR)
+	bash scripts/pause-image.sh $(PAUSE_IMAGE_TAR)
 
 guest: kernel initrd
 
@@ -109,6 +112,7 @@ test: setup build guest image containerd-versions
 	KATA_TEST_DEBUG_INITRD=$(INITRD_DEBUG) \
 	KATA_TEST_SHIM_DIR=$(CURDIR)/target/release \
 	KATA_TEST_IMAGE=$(IMAGE_TAR) \
+	KATA_TEST_PAUSE_IMAGE=$(PAUSE_IMAGE_TAR) \
 	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN) \
 	$(CARGO) test --workspace -- --test-threads=2
 

@@ -13,6 +13,7 @@
 set -euo pipefail
 
 prog=busybox-image
+. "$(dirname -- "$(realpath -- "$0")")/oci-archive.sh"
 die() { echo "$prog: $*" >&2; exit 1; }
 
 [ $# -eq 1 ] || die "usage: $0 OUTPUT.tar"
@@ -31,20 +32,8 @@ if grep -q INTERP <<<"$phdrs"; then
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/busybox-image.XXXXXX")
-out_tmp=""
-cleanup() { rm -rf "$work"; [ -z "$out_tmp" ] || rm -f "$out_tmp"; }
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 
-# Fixed, sorted, root-owned tar of a directory's listed entries.
-det_tar() { # DIR OUT ENTRY...
-    local dir=$1 out=$2
-    shift 2
-    find "$dir" -exec touch -h -d "@$epoch" {} +
-    tar -C "$dir" --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner \
-        --format=gnu -cf "$out" "$@"
-}
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-size() { stat -c %s "$1"; }
 
 # ---- the root filesystem layer ----
 rootfs="$work/rootfs"
@@ -65,68 +54,9 @@ printf '%s\n' 'root:x:0:0:root:/root:/bin/sh' 'nobody:x:65534:65534:nobody:/home
 printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$rootfs/etc/group"
 chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group"
 
-layout="$work/layout"
-mkdir -p "$layout/blobs/sha256"
-det_tar "$rootfs" "$work/layer.tar" bin etc home root tmp
-diff_id=$(sha "$work/layer.tar")
-gzip -n -9 <"$work/layer.tar" >"$work/layer.tar.gz"
-layer_digest=$(sha "$work/layer.tar.gz")
-layer_size=$(size "$work/layer.tar.gz")
-mv "$work/layer.tar.gz" "$layout/blobs/sha256/$layer_digest"
-
-# ---- image config ----
-created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 bb_version=$("$BUSYBOX" 2>/dev/null | head -n 1 | sed -n 's/^BusyBox \(v[^ ]*\).*/\1/p' || true)
-jq -cn --arg created "$created" --arg diff "sha256:$diff_id" --arg ver "${bb_version:-unknown}" '{
-  created: $created,
-  architecture: "amd64",
-  os: "linux",
-  config: {
-    Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-    Cmd: ["sh"]
-  },
-  rootfs: { type: "layers", diff_ids: [$diff] },
-  history: [ { created: $created, created_by: ("busybox-image.sh: Debian busybox-static " + $ver) } ]
-}' >"$work/config.json"
-config_digest=$(sha "$work/config.json")
-config_size=$(size "$work/config.json")
-mv "$work/config.json" "$layout/blobs/sha256/$config_digest"
-
-# ---- manifest ----
-jq -cn --arg cd "sha256:$config_digest" --argjson cs "$config_size" \
-    --arg ld "sha256:$layer_digest" --argjson ls "$layer_size" '{
-  schemaVersion: 2,
-  mediaType: "application/vnd.oci.image.manifest.v1+json",
-  config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: $cd, size: $cs },
-  layers: [ { mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: $ld, size: $ls } ]
-}' >"$work/manifest.json"
-manifest_digest=$(sha "$work/manifest.json")
-manifest_size=$(size "$work/manifest.json")
-mv "$work/manifest.json" "$layout/blobs/sha256/$manifest_digest"
-
-# ---- index + layout marker ----
-tag=${IMAGE_NAME##*:}
-case "$tag" in */*) tag=latest ;; esac
-jq -cn --arg md "sha256:$manifest_digest" --argjson ms "$manifest_size" \
-    --arg name "$IMAGE_NAME" --arg tag "$tag" '{
-  schemaVersion: 2,
-  mediaType: "application/vnd.oci.image.index.v1+json",
-  manifests: [ {
-    mediaType: "application/vnd.oci.image.manifest.v1+json",
-    digest: $md, size: $ms,
-    annotations: { "io.containerd.image.name": $name, "org.opencontainers.image.ref.name": $tag },
-    platform: { architecture: "amd64", os: "linux" }
-  } ]
-}' >"$layout/index.json"
-printf '%s' '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
-chmod 0644 "$layout/index.json" "$layout/oci-layout" "$layout"/blobs/sha256/*
-chmod 0755 "$layout" "$layout/blobs" "$layout/blobs/sha256"
-
-out_dir=$(dirname -- "$output")
-mkdir -p "$out_dir"
-out_tmp=$(mktemp "$out_dir/.$(basename -- "$output").XXXXXX")
-det_tar "$layout" "$out_tmp" oci-layout index.json blobs
-chmod 0644 "$out_tmp"
-mv -f "$out_tmp" "$output"
-out_tmp=""
-echo "$prog: wrote $output: $IMAGE_NAME manifest sha256:$manifest_digest ($n applets, layer diff_id sha256:$diff_id)" >&2
+export SOURCE_DATE_EPOCH=$epoch
+oci_archive "$rootfs" "$output" "$IMAGE_NAME" \
+    '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["sh"]}' \
+    "busybox-image.sh: Debian busybox-static ${bb_version:-unknown}" bin etc home root tmp
+echo "$prog: wrote $output: $IMAGE_NAME manifest $OCI_MANIFEST_DIGEST ($n applets, layer diff_id $OCI_DIFF_ID)" >&2

@@ -198,6 +198,8 @@ start() {
         echo '  runtime_type = "io.containerd.runc.v2"'
         echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
         echo '  runtime_type = "io.containerd.kata.v2"'
+        # As deploy/containerd/ sets it: a privileged pod gets the VM's devices.
+        echo '  privileged_without_host_devices = true'
         if [ -n "${CONTAINERD_EXTRA_TOML:-}" ]; then
             echo
             printf '%s\n' "$CONTAINERD_EXTRA_TOML"

@@ -28,7 +28,8 @@ fi
 
 PKGS=(containerd runc busybox-static linux-source-6.1 build-essential flex bison bc
       libelf-dev libssl-dev cpio xz-utils pkg-config libseccomp-dev libcap-ng-dev
-      iproute2 procps util-linux psmisc jq)
+      iproute2 procps util-linux psmisc jq
+      protobuf-compiler containernetworking-plugins iptables nftables)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -148,6 +148,9 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), ServeError> {
                 addr: addr.to_string(),
                 source,
             })?;
+        if pid1 {
+            kata_agent::port_forward::start(log.clone());
+        }
         info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

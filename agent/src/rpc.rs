@@ -28,13 +28,18 @@ fn len_arg(len: u32) -> usize {
 
 #[async_trait]
 impl AgentService for AgentRpc {
+    async fn create_sandbox(&self, _: &TtrpcContext, r: CreateSandboxRequest) -> RpcResult<Empty> {
+        self.sandbox.create_sandbox(&r).await?;
+        Ok(Empty::new())
+    }
+
     async fn create_container(
         &self,
         _: &TtrpcContext,
         r: CreateContainerRequest,
     ) -> RpcResult<Empty> {
         self.sandbox
-            .create_container(&r.container_id, &r.oci_spec, r.stdin)
+            .create_container(&r.container_id, &r.oci_spec, r.stdin, r.pod_sandbox)
             .await?;
         Ok(Empty::new())
     }

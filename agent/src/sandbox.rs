@@ -13,6 +13,7 @@ use crate::cgroup::resources::{self, LinuxResources};
 use crate::cgroup::CgroupRoot;
 use crate::container::{Container, PendingStart};
 use crate::error::{AgentError, Result};
+use crate::pod_ns::PodNamespaces;
 use crate::process::{self, Process};
 use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
@@ -24,6 +25,9 @@ pub struct Sandbox {
     cgroups: Option<CgroupRoot>,
     oom: OomWatcher,
     containers: Mutex<HashMap<String, Arc<Container>>>,
+    /// Where the pod's shared namespaces are kept, and which container they belong to.
+    pod_ns: PodNamespaces,
+    pod_sandbox: std::sync::Mutex<Option<String>>,
 }
 
 impl Sandbox {
@@ -38,7 +42,48 @@ impl Sandbox {
             reaper,
             cgroups,
             containers: Mutex::new(HashMap::new()),
+            pod_ns: PodNamespaces::default(),
+            pod_sandbox: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Keeps the pod's namespaces somewhere else than the guest's path (agent tests on the
+    /// host).
+    pub fn with_pod_namespaces(mut self, pod_ns: PodNamespaces) -> Sandbox {
+        self.pod_ns = pod_ns;
+        self
+    }
+
+    /// Makes the guest the pod's: its hostname and network (see `network`).
+    pub async fn create_sandbox(&self, req: &protocols::agent::CreateSandboxRequest) -> Result<()> {
+        if !req.hostname.is_empty() {
+            nix::unistd::sethostname(&req.hostname).map_err(|e| {
+                AgentError::InvalidArgument(format!(
+                    "set the guest's hostname to {:?}: {e}",
+                    req.hostname
+                ))
+            })?;
+        }
+        crate::network::configure(&req.interfaces, &req.routes, &req.neighbors)
+            .await
+            .map_err(|e| match e {
+                crate::network::NetworkError::Netlink { .. }
+                | crate::network::NetworkError::Socket(_) => {
+                    AgentError::Internal(format!("set up the pod's network: {e}"))
+                }
+                _ => AgentError::InvalidArgument(format!("set up the pod's network: {e}")),
+            })?;
+        info!(self.log, "sandbox set up"; "hostname" => &req.hostname,
+            "interfaces" => req.interfaces.len(), "routes" => req.routes.len(),
+            "neighbors" => req.neighbors.len());
+        Ok(())
+    }
+
+    fn pod_sandbox_is(&self, id: &str) -> bool {
+        self.pod_sandbox
+            .lock()
+            .map(|p| p.as_deref() == Some(id))
+            .unwrap_or(false)
     }
 
     pub async fn container(&self, id: &str) -> Result<Arc<Container>> {
@@ -76,7 +121,14 @@ impl Sandbox {
         }
     }
 
-    pub async fn create_container(&self, id: &str, spec_json: &[u8], stdin: bool) -> Result<()> {
+    /// Creates container `id`; `pod_sandbox` makes its namespaces the pod's (`pod_ns`).
+    pub async fn create_container(
+        &self,
+        id: &str,
+        spec_json: &[u8],
+        stdin: bool,
+        pod_sandbox: bool,
+    ) -> Result<()> {
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return Err(AgentError::InvalidArgument(format!(
                 "invalid container id {id:?}"
@@ -134,7 +186,17 @@ impl Sandbox {
                 .with_seccomp(seccomp)
                 .with_devpts(devpts),
         );
-        info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid);
+        if pod_sandbox {
+            if let Err(e) = self.pod_ns.pin(container.init.pid) {
+                container.destroy(&self.log, &self.oom).await;
+                return Err(e.context(&format!("create container {id}")));
+            }
+            if let Ok(mut p) = self.pod_sandbox.lock() {
+                *p = Some(id.to_string());
+            }
+        }
+        info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid,
+            "pod_sandbox" => pod_sandbox);
 
         let mut containers = self.containers.lock().await;
         if containers.contains_key(id) {
@@ -285,6 +347,12 @@ impl Sandbox {
         let container = self.container(id).await?;
         container.destroy(&self.log, &self.oom).await;
         self.containers.lock().await.remove(id);
+        if self.pod_sandbox_is(id) {
+            self.pod_ns.unpin();
+            if let Ok(mut p) = self.pod_sandbox.lock() {
+                *p = None;
+            }
+        }
         info!(self.log, "container removed"; "container_id" => id);
         Ok(())
     }
@@ -300,6 +368,11 @@ impl Sandbox {
             .collect();
         for c in all {
             c.destroy(&self.log, &self.oom).await;
+        }
+        if let Ok(mut p) = self.pod_sandbox.lock() {
+            if p.take().is_some() {
+                self.pod_ns.unpin();
+            }
         }
         warn!(self.log, "sandbox destroyed");
     }

@@ -29,6 +29,18 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// Where the VMM or a helper must start (a cgroup, a network namespace) cannot be
+    /// opened.
+    #[error("cannot open {what} {}: {source}", path.display())]
+    Place {
+        /// What it is.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+
     /// The request cannot be served on this host or with these inputs.
     #[error("{0}")]
     Unsupported(String),

@@ -8,9 +8,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -36,6 +38,77 @@ pub(crate) struct Daemon<'a> {
     pub args: Vec<String>,
     pub env: Vec<(&'static str, String)>,
     pub log: PathBuf,
+    /// Where the process starts: host cgroup, network namespace.
+    pub place: Place,
+}
+
+/// Where a daemon starts, set up in the child between fork and exec.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Place {
+    /// `cgroup.procs` of each hierarchy's cgroup to join (writing "0" moves the writer).
+    cgroup_procs: Vec<Arc<File>>,
+    /// A network namespace to join.
+    netns: Option<Arc<File>>,
+}
+
+impl Place {
+    /// Opens what the child will need (it may not allocate or open files itself).
+    pub fn new(cfg: &crate::VmConfig, with_netns: bool) -> Result<Place, Error> {
+        let mut place = Place::default();
+        for dir in &cfg.cgroup {
+            let path = dir.join("cgroup.procs");
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|source| Error::Place {
+                    what: "the sandbox's cgroup",
+                    path: path.clone(),
+                    source,
+                })?;
+            place.cgroup_procs.push(Arc::new(f));
+        }
+        if with_netns {
+            if let Some(ns) = &cfg.netns {
+                let f = File::open(ns).map_err(|source| Error::Place {
+                    what: "the pod's network namespace",
+                    path: ns.clone(),
+                    source,
+                })?;
+                place.netns = Some(Arc::new(f));
+            }
+        }
+        Ok(place)
+    }
+
+    /// The same, without the network namespace (for helpers that need no network).
+    pub fn without_netns(&self) -> Place {
+        Place {
+            cgroup_procs: self.cgroup_procs.clone(),
+            netns: None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.cgroup_procs.is_empty() && self.netns.is_none()
+    }
+
+    /// Applies the place in the child. Only async-signal-safe calls (write, setns).
+    fn enter(cgroup_procs: &[RawFd], netns: Option<RawFd>) -> std::io::Result<()> {
+        for fd in cgroup_procs {
+            // SAFETY: `fd` is an open descriptor the parent keeps alive across the fork;
+            // the buffer is a static byte string.
+            if unsafe { libc::write(*fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if let Some(fd) = netns {
+            // SAFETY: `fd` is an open namespace descriptor the parent keeps alive.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Daemon<'_> {
@@ -56,7 +129,22 @@ impl Daemon<'_> {
         })?;
         // Its own process group, so that stopping it also stops what it forked (virtiofsd
         // runs its sandboxed worker as a child): see `kill_and_reap`.
-        let child = Command::new(self.program)
+        let mut command = Command::new(self.program);
+        if !self.place.is_empty() {
+            let cgroup_procs: Vec<RawFd> = self
+                .place
+                .cgroup_procs
+                .iter()
+                .map(|f| f.as_raw_fd())
+                .collect();
+            let netns = self.place.netns.as_ref().map(|f| f.as_raw_fd());
+            // SAFETY: the closure only makes async-signal-safe system calls (write,
+            // setns) on descriptors opened before the fork, and allocates nothing.
+            unsafe {
+                command.pre_exec(move || Place::enter(&cgroup_procs, netns));
+            }
+        }
+        let child = command
             .process_group(0)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use kata_config::VirtioFsCache;
 use slog::{info, warn, Logger};
 
-use crate::process::{wait_for_sockets, Daemon, Wait};
+use crate::process::{wait_for_sockets, Daemon, Place, Wait};
 use crate::Error;
 
 /// virtiofsd's `--sandbox` mode.
@@ -41,6 +41,8 @@ pub(crate) struct Virtiofsd<'a> {
     pub log: PathBuf,
     /// `--log-level debug`.
     pub debug: bool,
+    /// Its host cgroup (never the pod's network namespace: it needs no network).
+    pub place: &'a Place,
 }
 
 impl Virtiofsd<'_> {
@@ -74,6 +76,7 @@ impl Virtiofsd<'_> {
             args: self.args(sandbox),
             env: Vec::new(),
             log: self.log.clone(),
+            place: self.place.without_netns(),
         };
         let preferred = daemon(FsSandbox::Namespace);
         log_command(logger, &preferred);
@@ -109,6 +112,7 @@ mod tests {
 
     #[test]
     fn command_line() {
+        let place = Place::default();
         let v = Virtiofsd {
             program: Path::new("/usr/local/bin/virtiofsd"),
             cache: VirtioFsCache::Never,
@@ -116,6 +120,7 @@ mod tests {
             shared_dir: Path::new("/run/kata-containers/shared/sb1"),
             log: PathBuf::from("/run/vc/sb1/virtiofsd.log"),
             debug: false,
+            place: &place,
         };
         assert_eq!(
             v.args(FsSandbox::Namespace).join(" "),

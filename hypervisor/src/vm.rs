@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::Error;
 
 /// What the shim asks of a sandbox VM.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct VmConfig {
     /// The sandbox id; names the VM in logs and process titles.
     pub sandbox_id: String,
@@ -17,6 +17,24 @@ pub struct VmConfig {
     pub shared_dir: PathBuf,
     /// Debug logging in the helpers and guest boot messages on the console.
     pub debug: bool,
+    /// The pod's network namespace on the host, where the VMM runs so that it reaches the
+    /// taps of [`VmConfig::net`]; None: the VM has no network but its `lo`.
+    pub netns: Option<PathBuf>,
+    /// One virtio-net NIC per tap (in `netns`), in order.
+    pub net: Vec<NetDevice>,
+    /// The sandbox's host cgroup, one directory per hierarchy (the pod's, from the
+    /// sandbox spec's `cgroupsPath`): the VMM and every helper start in it, so the node
+    /// accounts for them. Empty: they stay in the shim's.
+    pub cgroup: Vec<PathBuf>,
+}
+
+/// A virtio-net NIC on a host tap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetDevice {
+    /// The tap's name in the pod's network namespace (it exists before the VM starts).
+    pub tap: String,
+    /// The NIC's MAC, `aa:bb:cc:dd:ee:ff`: the pod's veth's, which the guest finds it by.
+    pub mac: String,
 }
 
 /// What a started VM looks like from the host.

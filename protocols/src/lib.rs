@@ -52,3 +52,18 @@ pub const DEBUG_CONSOLE_VPORT_PARAM: &str = "agent.debug_console_vport";
 /// process's pipe per read, and the shim asks for this much per `ReadStdout`/`ReadStderr`,
 /// so one request carries a pipe-full (well under ttrpc's 4 MiB message limit).
 pub const STDIO_CHUNK: usize = 1 << 20;
+
+/// The vsock port of the agent's port forwarder (host only): the host writes the guest
+/// TCP port as a decimal line (`"8080\n"`), the agent answers `"OK\n"` once it is
+/// connected to `127.0.0.1:<port>` in the guest (or `"ERR <reason>\n"`), and the stream
+/// then carries the connection's bytes both ways. How `kubectl port-forward` reaches a
+/// pod whose network is inside the VM.
+pub const PORT_FORWARD_VSOCK_PORT: u32 = 1027;
+
+/// Where the agent keeps the pod's shared namespaces (`ipc`, `uts`, `pid`), those of its
+/// sandbox container, for the pod's other containers to join.
+pub const GUEST_SANDBOX_NS_DIR: &str = "/run/kata-containers/sandbox/ns";
+
+/// The namespace types a pod's containers share with its sandbox container when their
+/// spec names one by path.
+pub const POD_SHARED_NAMESPACES: [&str; 3] = ["ipc", "uts", "pid"];

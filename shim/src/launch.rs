@@ -12,6 +12,7 @@ use slog::Logger;
 use crate::log::DebugSwitch;
 use crate::options::{self, OptionsError};
 use crate::sandbox::{Sandbox, SandboxError};
+use crate::spec::SandboxSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -30,6 +31,7 @@ pub trait Launcher: Send + Sync {
         &self,
         id: &str,
         options: &MessageField<Any>,
+        spec: &SandboxSpec,
         log: &Logger,
     ) -> Result<Arc<Sandbox>, LaunchError>;
 }
@@ -46,11 +48,12 @@ impl Launcher for VmLauncher {
         &self,
         id: &str,
         options: &MessageField<Any>,
+        spec: &SandboxSpec,
         log: &Logger,
     ) -> Result<Arc<Sandbox>, LaunchError> {
         let cfg = options::load_config(options)?;
         self.debug.set(cfg.runtime.enable_debug);
         slog::debug!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
-        Ok(Sandbox::create(id, &cfg, log).await?)
+        Ok(Sandbox::create(id, &cfg, spec, log).await?)
     }
 }

@@ -4,12 +4,15 @@
 //! up after a dead daemon), or as the daemon that serves the Task API over ttrpc.
 
 mod agent;
+mod cgroup;
+mod command;
 mod container;
 mod events;
 mod io;
 mod launch;
 mod log;
 mod mount;
+mod network;
 mod options;
 mod persist;
 mod sandbox;

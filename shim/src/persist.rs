@@ -23,6 +23,13 @@ pub struct SandboxState {
     /// Host mount points this sandbox made, unmounted in reverse order on cleanup.
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
+    /// What the sandbox changed in the pod's network namespace (taps, tc redirects,
+    /// the port-forward redirect).
+    #[serde(default)]
+    pub network: Option<crate::network::NetworkState>,
+    /// Host cgroup directories the sandbox made, parents first.
+    #[serde(default)]
+    pub cgroups: Vec<PathBuf>,
 }
 
 pub fn state_dir(sandbox_id: &str) -> PathBuf {

@@ -20,8 +20,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::agent::{Agent, AgentError, KataAgent};
+use crate::cgroup;
 use crate::mount::{self, SharedDirs};
+use crate::network::port_forward::PortForward;
+use crate::network::{self, PodNetwork};
 use crate::persist::{self, SandboxState};
+use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
 
 /// Per-sandbox directory of the VMM's sockets and logs.
@@ -42,6 +46,12 @@ pub enum SandboxError {
     Agent(AgentError, String),
     #[error("recording sandbox state: {0}")]
     Persist(std::io::Error),
+    #[error("placing the sandbox in its host cgroup: {0}")]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error("wiring the pod's network to the VM: {0}")]
+    Network(#[from] network::NetworkError),
+    #[error("setting up the guest for the pod: {0}")]
+    Guest(AgentError),
 }
 
 pub struct Sandbox {
@@ -58,6 +68,8 @@ pub struct Sandbox {
     /// Why the VM ended on its own, once it has.
     ended: watch::Sender<Option<String>>,
     watchdog: Mutex<Option<JoinHandle<()>>>,
+    /// The host end of port-forward, for pods with a network namespace.
+    port_forward: Mutex<Option<PortForward>>,
     log: Logger,
     debug: bool,
 }
@@ -73,7 +85,7 @@ impl Progress {
         if let Some(mut vm) = self.vm.take() {
             stop_vm(vm.as_mut(), &mut self.state, log).await;
         }
-        cleanup_host(&self.state, log);
+        cleanup_host(&self.state, log).await;
     }
 }
 
@@ -91,7 +103,7 @@ async fn stop_vm(vm: &mut dyn Hypervisor, state: &mut SandboxState, log: &Logger
 
 /// Unmounts, kills and removes everything `state` records. Used after a failed create,
 /// at sandbox teardown, and by `delete` after a crashed shim.
-pub fn cleanup_host(state: &SandboxState, log: &Logger) {
+pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     let mut pids: Vec<i32> = state.helper_pids.clone();
     if state.vmm_pid > 0 {
         pids.insert(0, state.vmm_pid);
@@ -109,9 +121,17 @@ pub fn cleanup_host(state: &SandboxState, log: &Logger) {
         }
     }
     pids.retain(|p| *p > 0);
+    // First, while the VMM may still hold the pod's network namespace open: containerd
+    // may have removed its path already.
+    if let Some(net) = &state.network {
+        if let Err(e) = network::teardown(net, state.vmm_pid).await {
+            warn!(log, "undoing the pod's network wiring"; "error" => %e);
+        }
+    }
     if !pids.is_empty() {
         hypervisor::kill_and_reap(&pids, Duration::from_secs(2));
     }
+    cgroup::remove(&state.cgroups);
     mount::unmount_all(&state.mounts);
     let share = SharedDirs::for_sandbox(&state.sandbox_id);
     for m in mount::mounts_under(&share.base) {
@@ -141,6 +161,7 @@ impl Sandbox {
     pub async fn create(
         id: &str,
         cfg: &kata_config::Config,
+        spec: &SandboxSpec,
         log: &Logger,
     ) -> Result<Arc<Sandbox>, SandboxError> {
         let t0 = Instant::now();
@@ -155,7 +176,8 @@ impl Sandbox {
             },
             vm: None,
         };
-        let booted = Self::create_steps(id, cfg, log, &shared, &run_dir, &mut progress, t0).await;
+        let booted =
+            Self::create_steps(id, cfg, spec, log, &shared, &run_dir, &mut progress, t0).await;
         let (agent, info, watched, vm) = match (booted, progress.vm.take()) {
             (Ok((agent, info, watched)), Some(vm)) => (agent, info, watched, vm),
             (result, vm) => {
@@ -178,16 +200,23 @@ impl Sandbox {
             vm: tokio::sync::Mutex::new(Some(vm)),
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
+            port_forward: Mutex::new(None),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
         sb.start_watchdog(watched);
+        if let Some(netns) = &spec.netns {
+            sb.start_port_forward(netns, info.agent_socket.clone())
+                .await;
+        }
         Ok(sb)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn create_steps(
         id: &str,
         cfg: &kata_config::Config,
+        spec: &SandboxSpec,
         log: &Logger,
         shared: &SharedDirs,
         run_dir: &Path,
@@ -200,12 +229,34 @@ impl Sandbox {
         mkdir(run_dir)?;
         progress.state.save().map_err(SandboxError::Persist)?;
 
+        let mut host_cgroup = cgroup::HostCgroup::default();
+        if let Some(path) = &spec.cgroups_path {
+            host_cgroup = cgroup::create(path)?;
+            progress.state.cgroups = host_cgroup.created.clone();
+            progress.state.save().map_err(SandboxError::Persist)?;
+        }
+        let mut pod_network = None;
+        if let Some(netns) = &spec.netns {
+            let net = PodNetwork::setup(netns).await?;
+            progress.state.network = Some(net.state.clone());
+            progress.state.save().map_err(SandboxError::Persist)?;
+            debug!(log, "pod network wired"; "netns" => netns.display(),
+                "endpoints" => format!("{:?}", net.state.endpoints));
+            pod_network = Some(net);
+        }
+
         let mut vm = hypervisor::new_hypervisor(cfg, log.clone());
         let vm_cfg = VmConfig {
             sandbox_id: id.to_string(),
             run_dir: run_dir.to_path_buf(),
             shared_dir: shared.shared.clone(),
             debug: cfg.runtime.enable_debug,
+            netns: pod_network.as_ref().map(|n| n.state.netns.clone()),
+            net: pod_network
+                .as_ref()
+                .map(PodNetwork::nics)
+                .unwrap_or_default(),
+            cgroup: host_cgroup.dirs,
         };
         let started = vm.start_vm(&vm_cfg).await;
         // Kept even when the start failed: undo stops whatever it had started.
@@ -241,6 +292,22 @@ impl Sandbox {
         })?;
         info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
+        // The guest becomes the pod's: hostname and network (nothing to do for a lone
+        // container without either).
+        let request = match &pod_network {
+            Some(net) => Some(net.sandbox_request(&spec.hostname)),
+            None if !spec.hostname.is_empty() => Some(protocols::agent::CreateSandboxRequest {
+                hostname: spec.hostname.clone(),
+                ..Default::default()
+            }),
+            None => None,
+        };
+        if let Some(request) = request {
+            agent
+                .create_sandbox(request)
+                .await
+                .map_err(SandboxError::Guest)?;
+        }
         Ok((agent, info, watched))
     }
 
@@ -261,6 +328,7 @@ impl Sandbox {
             vm: tokio::sync::Mutex::new(None),
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
+            port_forward: Mutex::new(None),
             log: hypervisor::discard_logger(),
             debug: false,
         })
@@ -282,6 +350,26 @@ impl Sandbox {
     /// Why the VM ended on its own, if it has.
     pub fn end_cause(&self) -> Option<String> {
         self.ended.borrow().clone()
+    }
+
+    /// Serves port-forward into the guest from the pod's network namespace. Without it
+    /// the pod runs on; only port-forward is missing, which the log says.
+    async fn start_port_forward(&self, netns: &Path, agent_socket: PathBuf) {
+        match PortForward::start(netns, agent_socket, self.log.clone()).await {
+            Ok(pf) => {
+                {
+                    let mut state = self.lock_state();
+                    if let Some(net) = state.network.as_mut() {
+                        net.port_forward = Some(pf.redirect);
+                    }
+                    self.save_locked(&state);
+                }
+                if let Ok(mut slot) = self.port_forward.lock() {
+                    *slot = Some(pf);
+                }
+            }
+            Err(e) => warn!(self.log, "port-forward into this pod will not work"; "error" => %e),
+        }
     }
 
     fn start_watchdog(self: &Arc<Self>, watched: Vec<Watched>) {
@@ -356,6 +444,7 @@ impl Sandbox {
         if let Some(w) = self.watchdog.lock().ok().and_then(|mut w| w.take()) {
             w.abort();
         }
+        drop(self.port_forward.lock().ok().and_then(|mut p| p.take()));
         if self.end_cause().is_none() {
             // Best effort: a clean guest power-off first, then the hypervisor stops the rest.
             let _ = self.agent.destroy_sandbox().await;
@@ -370,7 +459,7 @@ impl Sandbox {
             }
         }
         let state = self.lock_state().clone();
-        cleanup_host(&state, &self.log);
+        cleanup_host(&state, &self.log).await;
         info!(self.log, "sandbox destroyed");
     }
 }

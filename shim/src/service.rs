@@ -86,7 +86,7 @@ impl Shim for Service {
         let sandbox_id = sandbox_id_of_bundle(&self.id);
         if sandbox_id == self.id {
             if let Ok(state) = SandboxState::load(&sandbox_id) {
-                cleanup_host(&state, &log);
+                cleanup_host(&state, &log).await;
             }
         } else {
             let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)

@@ -59,8 +59,67 @@ fn has_option(m: &Value, opt: &str) -> bool {
         .is_some_and(|o| o.iter().any(|v| v.as_str() == Some(opt)))
 }
 
+/// What the sandbox container's spec says about the whole sandbox, read before the spec
+/// is rewritten for the guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// The network namespace CNI set up (a path), if the spec names one.
+    pub netns: Option<PathBuf>,
+    /// The pod's hostname (`hostname`).
+    pub hostname: String,
+    /// The pod's host cgroup (`linux.cgroupsPath`).
+    pub cgroups_path: Option<String>,
+    /// A Kubernetes pod sandbox (annotated `container-type: sandbox`), not a lone
+    /// container.
+    pub pod: bool,
+    /// The spec joins the host's network namespace (no `network` namespace entry).
+    pub host_network: bool,
+}
+
+/// Reads the sandbox-wide parts of the sandbox container's spec.
+pub fn sandbox_spec(spec: &Value) -> SandboxSpec {
+    let namespaces = spec
+        .pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let network = namespaces
+        .iter()
+        .find(|ns| ns.get("type").and_then(Value::as_str) == Some("network"));
+    let netns = network
+        .and_then(|ns| ns.get("path"))
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let ann = spec.get("annotations");
+    let pod = annotations::CONTAINER_TYPE
+        .iter()
+        .any(|k| ann.and_then(|a| a.get(*k)).and_then(Value::as_str) == Some("sandbox"));
+    SandboxSpec {
+        netns,
+        hostname: spec
+            .get("hostname")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        cgroups_path: spec
+            .pointer("/linux/cgroupsPath")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string),
+        pod,
+        host_network: network.is_none(),
+    }
+}
+
 /// Rewrites `spec` for the guest and returns the host binds it now relies on.
-pub fn rewrite_for_guest(spec: &mut Value, cid: &str) -> Result<Vec<HostBind>, SpecError> {
+/// `pod_member`: the container belongs to another container's pod sandbox, and shares
+/// the namespaces its spec names by path with the pod (see [`protocols::GUEST_SANDBOX_NS_DIR`]).
+pub fn rewrite_for_guest(
+    spec: &mut Value,
+    cid: &str,
+    pod_member: bool,
+) -> Result<Vec<HostBind>, SpecError> {
     let guest_dir = guest_container_dir(cid);
     let obj = spec
         .as_object_mut()
@@ -113,14 +172,31 @@ pub fn rewrite_for_guest(spec: &mut Value, cid: &str) -> Result<Vec<HostBind>, S
         }
     }
 
-    // Namespace paths name host namespaces, which mean nothing inside the VM.
+    // Namespace paths name host namespaces, which mean nothing inside the VM. A pod
+    // member's path to its sandbox's IPC, UTS or PID namespace becomes the guest's path
+    // to the pod's; the network is the guest's own, shared by every container.
     if let Some(nss) = obj
         .get_mut("linux")
         .and_then(|l| l.get_mut("namespaces"))
         .and_then(Value::as_array_mut)
     {
         for ns in nss.iter_mut() {
-            if let Some(o) = ns.as_object_mut() {
+            let Some(o) = ns.as_object_mut() else {
+                continue;
+            };
+            let typ = o
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let has_path = o
+                .get("path")
+                .and_then(Value::as_str)
+                .is_some_and(|p| !p.is_empty());
+            if pod_member && has_path && protocols::POD_SHARED_NAMESPACES.contains(&typ.as_str()) {
+                let guest = Path::new(protocols::GUEST_SANDBOX_NS_DIR).join(&typ);
+                o.insert("path".into(), Value::String(guest.display().to_string()));
+            } else {
                 o.remove("path");
             }
         }
@@ -171,7 +247,7 @@ mod tests {
             "linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}, {"type": "pid"}]},
             "unknownField": 1
         });
-        let binds = rewrite_for_guest(&mut spec, "c1").unwrap();
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
         assert_eq!(
             spec["root"]["path"],
             "/run/kata-containers/shared/containers/c1/rootfs"
@@ -196,7 +272,9 @@ mod tests {
     fn missing_bind_source_is_named() {
         let mut spec =
             json!({"mounts": [{"destination": "/d", "type": "bind", "source": "/no/such/dir"}]});
-        let err = rewrite_for_guest(&mut spec, "c1").unwrap_err().to_string();
+        let err = rewrite_for_guest(&mut spec, "c1", false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("/no/such/dir") && err.contains("/d"), "{err}");
     }
 
@@ -207,5 +285,61 @@ mod tests {
         let sb = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"}});
         assert_eq!(sandbox_of(&sb, "sb"), "sb");
         assert_eq!(sandbox_of(&json!({}), "solo"), "solo");
+    }
+
+    #[test]
+    fn a_pod_member_joins_the_pods_namespaces_in_the_guest() {
+        let mut spec = json!({"linux": {"namespaces": [
+            {"type": "network", "path": "/proc/7/ns/net"},
+            {"type": "ipc", "path": "/proc/7/ns/ipc"},
+            {"type": "uts", "path": "/proc/7/ns/uts"},
+            {"type": "pid", "path": "/proc/7/ns/pid"},
+            {"type": "mount"}
+        ]}});
+        rewrite_for_guest(&mut spec, "c2", true).unwrap();
+        let nss = &spec["linux"]["namespaces"];
+        assert!(
+            nss[0].get("path").is_none(),
+            "the guest's network is shared as it is"
+        );
+        assert_eq!(nss[1]["path"], "/run/kata-containers/sandbox/ns/ipc");
+        assert_eq!(nss[2]["path"], "/run/kata-containers/sandbox/ns/uts");
+        assert_eq!(nss[3]["path"], "/run/kata-containers/sandbox/ns/pid");
+        assert!(nss[4].get("path").is_none());
+
+        // Not a pod member (ctr run --with-ns): host paths are dropped.
+        let mut spec =
+            json!({"linux": {"namespaces": [{"type": "ipc", "path": "/proc/7/ns/ipc"}]}});
+        rewrite_for_guest(&mut spec, "solo", false).unwrap();
+        assert!(spec["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn the_sandbox_spec_names_netns_hostname_and_cgroup() {
+        let spec = json!({
+            "hostname": "web-1",
+            "annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+            "linux": {
+                "cgroupsPath": "/kubepods/pod1/sb",
+                "namespaces": [{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]
+            }
+        });
+        assert_eq!(
+            sandbox_spec(&spec),
+            SandboxSpec {
+                netns: Some(PathBuf::from("/var/run/netns/cni-1")),
+                hostname: "web-1".into(),
+                cgroups_path: Some("/kubepods/pod1/sb".into()),
+                pod: true,
+                host_network: false,
+            }
+        );
+        // ctr run: a new network namespace without a path; ctr run --net-host: none.
+        let ctr = json!({"linux": {"namespaces": [{"type": "network"}]}});
+        let s = sandbox_spec(&ctr);
+        assert!(s.netns.is_none() && !s.host_network && !s.pod);
+        let host = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+                          "linux": {"namespaces": [{"type": "pid"}]}});
+        assert!(sandbox_spec(&host).host_network);
     }
 }

@@ -5,9 +5,11 @@
 //! `make test` provides the inputs through the environment: `KATA_TEST_KERNEL`,
 //! `KATA_TEST_INITRD`, `KATA_TEST_SHIM_DIR` (holds `containerd-shim-kata-v2`,
 //! `kata-vsock` and `kata-vmm`) and
-//! `KATA_TEST_IMAGE` (the busybox image archive).
+//! `KATA_TEST_IMAGE` (the busybox image archive); the CRI tests also
+//! `KATA_TEST_PAUSE_IMAGE` (the pod sandbox image archive, `scripts/pause-image.sh`).
 
 mod background;
+mod cri;
 mod host;
 mod probe;
 mod runtime_config;
@@ -17,6 +19,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub use background::Background;
+pub use cri::*;
 pub use host::*;
 pub use probe::StaticProbe;
 pub use runtime_config::{toml_str, Backend, RuntimeConfig};
@@ -40,6 +43,20 @@ pub struct Containerd {
     pub socket: PathBuf,
     path_env: String,
     conf_file: PathBuf,
+    /// Extra environment of `containerd-private.sh` (e.g. `CONTAINERD_ENABLE_CRI=1`).
+    script_env: Vec<(String, String)>,
+}
+
+/// How [`Containerd::start_instance`] starts a private containerd beyond its name and
+/// runtime configuration.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StartOptions<'a> {
+    /// A directory whose `containerd` and `ctr` come first in `PATH`.
+    pub bin_dir: Option<&'a Path>,
+    /// Extra environment of `containerd-private.sh` (and so of containerd and its shims).
+    pub script_env: Vec<(String, String)>,
+    /// Import `KATA_TEST_IMAGE` into the `default` namespace (what `ctr` uses).
+    pub import_default: bool,
 }
 
 impl Containerd {
@@ -69,7 +86,25 @@ impl Containerd {
     }
 
     fn start_from(name: &str, config: &RuntimeConfig, bin_dir: Option<&Path>) -> Self {
-        let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()));
+        Self::start_instance(
+            name,
+            config,
+            StartOptions {
+                bin_dir,
+                script_env: Vec::new(),
+                import_default: true,
+            },
+        )
+    }
+
+    /// The directory of the private containerd of test `name`.
+    pub(crate) fn dir_for(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()))
+    }
+
+    pub(crate) fn start_instance(name: &str, config: &RuntimeConfig, opts: StartOptions) -> Self {
+        let bin_dir = opts.bin_dir;
+        let dir = Self::dir_for(name);
         std::fs::create_dir_all(&dir).expect("creating the test dir");
         let conf_file = dir.join("configuration.toml");
         std::fs::write(&conf_file, config.render()).expect("writing the test configuration");
@@ -86,6 +121,7 @@ impl Containerd {
             dir,
             path_env,
             conf_file,
+            script_env: opts.script_env,
         };
         let out = c.script("start");
         assert!(
@@ -93,6 +129,9 @@ impl Containerd {
             "starting containerd failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if !opts.import_default {
+            return c;
+        }
         let out = c.ctr(&["images", "import", &env("KATA_TEST_IMAGE")]);
         assert!(
             out.status.success(),
@@ -109,6 +148,7 @@ impl Containerd {
             .arg(&self.dir)
             .env("PATH", &self.path_env)
             .env("KATA_CONF_FILE", &self.conf_file)
+            .envs(self.script_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
             .expect("running containerd-private.sh")

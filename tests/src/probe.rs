@@ -49,6 +49,11 @@ impl StaticProbe {
         )
     }
 
+    /// The host directory holding the probe (what a container mounts at /probe).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     /// Where the container finds it.
     pub fn path_in_container(&self) -> String {
         format!("/probe/{}", self.name)

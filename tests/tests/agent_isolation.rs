@@ -1,7 +1,7 @@
 //! The agent serves the host only. Vsock is not namespaced, so a process in a container
 //! can connect to a guest port through the loopback transport (CID 1, or the guest's own
-//! CID); the agent must close such a connection unanswered, on its API port (1024) and on
-//! the bench sink (1025) when that runs at all.
+//! CID); the agent must close such a connection unanswered, on its API port (1024), on its
+//! port forwarder (1027) and on the bench sink (1025) when that runs at all.
 //!
 //! The busybox image has no vsock client, so each test compiles a small static probe
 //! (`gcc -static`) and bind-mounts it into the container. The probe sends a real ttrpc
@@ -18,6 +18,7 @@ use e2e_tests::*;
 
 const AGENT_PORT: u32 = 1024;
 const BENCH_SINK_PORT: u32 = 1025;
+const PORT_FORWARD_PORT: u32 = 1027;
 /// The kernel command line word that turns the agent's bench sink on.
 const BENCH_SINK_PARAM: &str = "agent.bench_sink=1";
 
@@ -204,6 +205,8 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
     let targets = [
         "1:1024",
         "local:1024",
+        "1:1027",
+        "local:1027",
         // Without agent.bench_sink=1 nothing listens on 1025.
         "1:1025",
         "local:1025",
@@ -211,6 +214,8 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
     let out = run_probe(&c, id, "probe", &targets);
     assert_refused_by_listener(&out, "1:1024");
     assert_refused_by_listener(&out, "local:1024");
+    assert_refused_by_listener(&out, "1:1027");
+    assert_refused_by_listener(&out, "local:1027");
     for label in ["1:1025", "local:1025"] {
         assert_eq!(
             outcome(&out, label),
@@ -236,6 +241,19 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
     assert!(
         body.windows(version.len()).any(|w| w == version),
         "the Check reply carries no agent version: {body:?}"
+    );
+    drop(s);
+
+    // Positive control for the port forwarder: the host is answered (nothing serves
+    // port 1 in the guest, which the answer says).
+    let mut s = host_connect(id, PORT_FORWARD_PORT);
+    s.write_all(b"1\n").expect("name a port");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .expect("read the forwarder's answer");
+    assert!(
+        answer.starts_with("ERR ") && answer.contains("port 1"),
+        "the port forwarder answered {answer:?}"
     );
     drop(s);
 

@@ -21,7 +21,7 @@ use slog::{info, o, Logger};
 
 use crate::accel::{self, Accel};
 use crate::process::{
-    exit_description, live_helpers, remove_files, stop_started, Daemon, RunningVm, POLL,
+    exit_description, live_helpers, remove_files, stop_started, Daemon, Place, RunningVm, POLL,
 };
 use crate::virtiofsd::{log_command, Virtiofsd};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
@@ -102,6 +102,7 @@ pub fn vmm_config(
     config: &BuiltinConfig,
     layout: &BuiltinLayout,
     debug: bool,
+    net: &[crate::NetDevice],
 ) -> Result<vmm_json::VmConfig, Error> {
     let invalid = |what: String| {
         Error::Unsupported(format!(
@@ -131,7 +132,13 @@ pub fn vmm_config(
             queue_size: vmm_json::DEFAULT_FS_QUEUE_SIZE,
         }],
         block: Vec::new(),
-        net: Vec::new(),
+        net: net
+            .iter()
+            .map(|n| vmm_json::NetConfig {
+                tap: n.tap.clone(),
+                mac: Some(n.mac.clone()),
+            })
+            .collect(),
         rng: true,
         seccomp: true,
         ready_file: Some(layout.ready_file.clone()),
@@ -215,6 +222,8 @@ impl Builtin {
         layout: &BuiltinLayout,
         started: &mut Vec<i32>,
     ) -> Result<i32, Error> {
+        // kata-vmm runs in the pod's network namespace, where it opens its taps by name.
+        let place = Place::new(cfg, true)?;
         Virtiofsd {
             program: &self.config.virtio_fs_daemon,
             cache: self.config.virtio_fs_cache,
@@ -222,12 +231,13 @@ impl Builtin {
             shared_dir: &cfg.shared_dir,
             log: layout.virtiofsd_log.clone(),
             debug: cfg.debug,
+            place: &place,
         }
         .start(&self.logger, started)
         .await?;
         write_vmm_config(
             &layout.config,
-            &vmm_config(&self.config, layout, cfg.debug)?,
+            &vmm_config(&self.config, layout, cfg.debug, &cfg.net)?,
         )?;
         let daemon = Daemon {
             step: "kata-vmm",
@@ -235,6 +245,7 @@ impl Builtin {
             args: vec!["--config".into(), layout.config.display().to_string()],
             env: Vec::new(),
             log: layout.vmm_log.clone(),
+            place,
         };
         log_command(&self.logger, &daemon);
         let pid = daemon.spawn()?;

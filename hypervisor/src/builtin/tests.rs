@@ -28,7 +28,7 @@ fn cmdline_and_vmm_json() {
     );
     let layout = BuiltinLayout::new(dir);
     let json: serde_json::Value =
-        serde_json::to_value(vmm_config(&c, &layout, true).unwrap()).unwrap();
+        serde_json::to_value(vmm_config(&c, &layout, true, &[]).unwrap()).unwrap();
     assert_eq!(json["kernel"], "/run/vc/sb1/vmlinux");
     assert_eq!(json["vcpus"], 1);
     assert_eq!(json["memory_mib"], 128);
@@ -46,7 +46,7 @@ fn the_written_vmm_json_is_what_kata_vmm_reads() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
     let layout = BuiltinLayout::new(dir.path());
-    let written = vmm_config(&c, &layout, false).unwrap();
+    let written = vmm_config(&c, &layout, false, &[]).unwrap();
     write_vmm_config(&layout.config, &written).unwrap();
     assert_eq!(
         vmm_json::VmConfig::from_file(&layout.config).unwrap(),
@@ -60,10 +60,10 @@ fn a_vmm_json_kata_vmm_would_refuse_is_not_written() {
     let mut c = config(dir.path());
     c.default_vcpus = 300;
     let layout = BuiltinLayout::new(dir.path());
-    let e = vmm_config(&c, &layout, false).unwrap_err().to_string();
+    let e = vmm_config(&c, &layout, false, &[]).unwrap_err().to_string();
     assert!(e.contains("default_vcpus is 300"), "{e}");
     c.default_vcpus = 33;
-    let e = vmm_config(&c, &layout, false).unwrap_err().to_string();
+    let e = vmm_config(&c, &layout, false, &[]).unwrap_err().to_string();
     assert!(e.contains("vcpus is 33, expected 1 to 32"), "{e}");
 }
 
@@ -113,6 +113,7 @@ fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) 
         run_dir,
         shared_dir: shared,
         debug: false,
+        ..Default::default()
     };
     let mut backend = Builtin::new(c, crate::discard_logger());
     // Tiny guests run on an emulated KVM too.
@@ -169,6 +170,7 @@ async fn missing_kernel_is_reported_before_spawning() {
         run_dir: dir.path().to_path_buf(),
         shared_dir: dir.path().to_path_buf(),
         debug: false,
+        ..Default::default()
     };
     let e = backend.start_vm(&vm).await.unwrap_err().to_string();
     assert!(e.contains("vmlinux does not exist"), "{e}");

@@ -27,6 +27,8 @@ pub struct QemuLaunch<'a> {
     pub accel: Accel,
     pub sandbox_id: &'a str,
     pub debug: bool,
+    /// NICs on taps (QEMU runs in the pod's network namespace, where they are).
+    pub net: &'a [crate::NetDevice],
 }
 
 /// Added under TCG. TCG caches translated guest code by physical page and notices only
@@ -115,7 +117,21 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         "-device".into(),
         format!("vhost-user-fs-device,chardev=fs,tag={SHARED_FS_TAG},queue-size={FS_QUEUE_SIZE}"),
     ];
-    args.into()
+    let mut args: Vec<String> = args.into();
+    for (i, nic) in l.net.iter().enumerate() {
+        // The tap exists already (the shim made it, with its tc redirects); QEMU attaches
+        // to it by name and runs no scripts.
+        args.extend([
+            "-netdev".into(),
+            format!(
+                "tap,id=net{i},ifname={},script=no,downscript=no",
+                opt(&nic.tap)
+            ),
+            "-device".into(),
+            format!("virtio-net-device,netdev=net{i},mac={}", opt(&nic.mac)),
+        ]);
+    }
+    args
 }
 
 /// vhost-device-vsock's arguments: one VM, hybrid vsock on the agent socket.
@@ -182,6 +198,7 @@ virtio_fs_cache = "never"
             accel: Accel::Tcg,
             sandbox_id: "sb1",
             debug: false,
+            net: &[],
         });
         assert_eq!(
             joined(&args),
@@ -218,6 +235,7 @@ virtio_fs_cache = "never"
             accel: Accel::Kvm,
             sandbox_id: "x",
             debug: true,
+            net: &[],
         });
         let s = joined(&args);
         assert!(s.contains("microvm,accel=kvm,"), "{s}");
@@ -245,10 +263,44 @@ virtio_fs_cache = "never"
             accel: Accel::Tcg,
             sandbox_id: "id,x",
             debug: false,
+            net: &[],
         }));
         assert!(s.contains("path=/run/a,,b/console.log"), "{s}");
         assert!(s.contains("-name sandbox-id,,x"), "{s}");
         assert!(joined(&vsock_backend_args(&layout)).contains("socket=/run/a,,b/vhost-vsock.sock"));
+    }
+
+    #[test]
+    fn each_nic_is_a_tap_netdev_with_the_pods_mac() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/r"));
+        let net = [
+            crate::NetDevice {
+                tap: "tap0_kata".into(),
+                mac: "0a:58:0a:58:00:05".into(),
+            },
+            crate::NetDevice {
+                tap: "tap1_kata".into(),
+                mac: "0a:58:0a:59:00:07".into(),
+            },
+        ];
+        let s = joined(&qemu_args(&QemuLaunch {
+            config: &config,
+            layout: &layout,
+            accel: Accel::Tcg,
+            sandbox_id: "x",
+            debug: false,
+            net: &net,
+        }));
+        assert!(
+            s.ends_with(
+                "-netdev tap,id=net0,ifname=tap0_kata,script=no,downscript=no \
+                 -device virtio-net-device,netdev=net0,mac=0a:58:0a:58:00:05 \
+                 -netdev tap,id=net1,ifname=tap1_kata,script=no,downscript=no \
+                 -device virtio-net-device,netdev=net1,mac=0a:58:0a:59:00:07"
+            ),
+            "{s}"
+        );
     }
 
     #[test]

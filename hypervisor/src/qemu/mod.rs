@@ -27,7 +27,7 @@ use slog::{debug, info, o, Logger};
 
 use crate::accel::{self, Accel};
 use crate::process::{
-    exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon,
+    exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon, Place,
     RunningVm, Wait, POLL,
 };
 use crate::virtiofsd::{log_command, Virtiofsd};
@@ -62,7 +62,9 @@ impl Qemu {
         accel: Accel,
         started: &mut Vec<i32>,
     ) -> Result<i32, Error> {
-        self.start_virtiofsd(cfg, layout, started).await?;
+        // QEMU runs in the pod's network namespace, where its taps are.
+        let place = Place::new(cfg, true)?;
+        self.start_virtiofsd(cfg, layout, &place, started).await?;
 
         let vsock = Daemon {
             step: "the vsock backend",
@@ -70,6 +72,7 @@ impl Qemu {
             args: cmdline::vsock_backend_args(layout),
             env: debug_env(cfg.debug),
             log: layout.vsock_log.clone(),
+            place: place.without_netns(),
         };
         self.log_command(&vsock);
         let pid = vsock.spawn()?;
@@ -85,9 +88,11 @@ impl Qemu {
                 accel,
                 sandbox_id: &cfg.sandbox_id,
                 debug: cfg.debug,
+                net: &cfg.net,
             }),
             env: Vec::new(),
             log: layout.qemu_log.clone(),
+            place,
         };
         self.log_command(&qemu);
         let pid = qemu.spawn()?;
@@ -100,6 +105,7 @@ impl Qemu {
         &self,
         cfg: &VmConfig,
         layout: &RunDirLayout,
+        place: &Place,
         started: &mut Vec<i32>,
     ) -> Result<(), Error> {
         Virtiofsd {
@@ -109,6 +115,7 @@ impl Qemu {
             shared_dir: &cfg.shared_dir,
             log: layout.virtiofsd_log.clone(),
             debug: cfg.debug,
+            place,
         }
         .start(&self.logger, started)
         .await

@@ -96,6 +96,7 @@ impl Sandbox {
             run_dir: self.dir.path().join("run"),
             shared_dir: self.dir.path().join("shared"),
             debug: false,
+            ..Default::default()
         }
     }
 

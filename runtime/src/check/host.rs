@@ -1,19 +1,39 @@
-//! The host device lines: the vsock path the configured backend uses, and `/dev/net/tun`
-//! (a tap per pod network interface).
+//! The host device lines: the vsock path the configured backend uses, `/dev/net/tun`
+//! (a tap per pod network interface), and the netfilter tool port-forward needs.
 
 use std::path::Path;
 
 use kata_config::{Config, HypervisorName};
 
 use super::Backend;
-use crate::command::is_executable;
+use crate::command::{find_in_path, is_executable};
 use crate::report::Line;
 
 const TUN: &str = "/dev/net/tun";
 const VHOST_VSOCK: &str = "/dev/vhost-vsock";
 
 pub fn lines(config: &Config, backend: &Backend) -> Vec<Line> {
-    vec![vsock_line(config, backend), tun_line(Path::new(TUN))]
+    vec![
+        vsock_line(config, backend),
+        tun_line(Path::new(TUN)),
+        port_forward_line(find_in_path("nft").or_else(|| find_in_path("iptables"))),
+    ]
+}
+
+/// Port-forward into a pod redirects the pod namespace's localhost to the shim with
+/// `nft` (or `iptables`); without either, pods run but port-forward fails.
+fn port_forward_line(tool: Option<std::path::PathBuf>) -> Line {
+    match tool {
+        Some(t) => Line::ok(
+            "port-forward",
+            format!("{} redirects a pod's localhost into its VM", t.display()),
+        ),
+        None => Line::warn(
+            "port-forward",
+            "neither nft nor iptables is in PATH: pods run, but port-forward into them fails",
+            "install nftables (apt-get install nftables) or iptables",
+        ),
+    }
 }
 
 /// QEMU reaches the guest's vsock through a vhost-user backend (hybrid vsock), so the
@@ -82,6 +102,16 @@ mod tests {
         let line = tun_line(Path::new("/nonexistent/tun"));
         assert_eq!(line.status, Status::Fail);
         assert!(line.fix.unwrap().contains("modprobe tun"));
+    }
+
+    #[test]
+    fn port_forward_needs_nft_or_iptables() {
+        let line = port_forward_line(None);
+        assert_eq!(line.status, Status::Warn);
+        assert!(line.fix.unwrap().contains("nftables"));
+        let line = port_forward_line(Some("/usr/sbin/nft".into()));
+        assert_eq!(line.status, Status::Ok);
+        assert!(line.detail.contains("/usr/sbin/nft"));
     }
 
     #[test]

@@ -160,11 +160,24 @@ impl Agent for KataAgent {
         });
     }
 
-    async fn create_container(&self, id: &str, spec: Vec<u8>, stdin: bool) -> Result<()> {
+    async fn create_sandbox(&self, req: CreateSandboxRequest) -> Result<()> {
+        let r = self.client.create_sandbox(ctx(), &req);
+        self.call("CreateSandbox", Deadline::Setup, r).await?;
+        Ok(())
+    }
+
+    async fn create_container(
+        &self,
+        id: &str,
+        spec: Vec<u8>,
+        stdin: bool,
+        pod_sandbox: bool,
+    ) -> Result<()> {
         let req = CreateContainerRequest {
             container_id: id.to_string(),
             oci_spec: spec,
             stdin,
+            pod_sandbox,
             ..Default::default()
         };
         let r = self.client.create_container(ctx(), &req);

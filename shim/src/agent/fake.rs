@@ -112,7 +112,18 @@ impl Agent for FakeAgent {
         }
     }
 
-    async fn create_container(&self, id: &str, _spec: Vec<u8>, _stdin: bool) -> Result<()> {
+    async fn create_sandbox(&self, req: protocols::agent::CreateSandboxRequest) -> Result<()> {
+        self.record("CreateSandbox", &req.hostname, "");
+        self.serve("CreateSandbox", async { Ok(()) }).await
+    }
+
+    async fn create_container(
+        &self,
+        id: &str,
+        _spec: Vec<u8>,
+        _stdin: bool,
+        _pod_sandbox: bool,
+    ) -> Result<()> {
         self.record("CreateContainer", id, "");
         self.serve("CreateContainer", async { Ok(()) }).await
     }

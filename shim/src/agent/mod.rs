@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use protocols::agent::StatsContainerResponse;
 
-pub use client::KataAgent;
+pub use client::{hybrid_vsock_connect, KataAgent};
 
 /// Failures talking to the agent, phrased for a containerd user reading `ctr`'s output.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +84,16 @@ pub trait Agent: Send + Sync {
     /// The VM is gone (`cause` says why): fail every pending and later request at once.
     fn disconnect(&self, cause: &str);
 
-    async fn create_container(&self, id: &str, spec: Vec<u8>, stdin: bool) -> Result<()>;
+    /// Makes the guest the pod's (hostname, network), before its first container.
+    async fn create_sandbox(&self, req: protocols::agent::CreateSandboxRequest) -> Result<()>;
+    /// `pod_sandbox`: the container's namespaces become the ones the pod shares.
+    async fn create_container(
+        &self,
+        id: &str,
+        spec: Vec<u8>,
+        stdin: bool,
+        pod_sandbox: bool,
+    ) -> Result<()>;
     async fn start_container(&self, id: &str) -> Result<()>;
     async fn remove_container(&self, id: &str) -> Result<()>;
     async fn exec_process(

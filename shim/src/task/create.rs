@@ -22,6 +22,8 @@ use crate::spec;
 /// The parts of a CreateTask request the create needs, read from the bundle.
 struct Parsed {
     bundle: PathBuf,
+    /// What the (sandbox) container's spec says about the whole sandbox.
+    sandbox: spec::SandboxSpec,
     spec: serde_json::Value,
     binds: Vec<spec::HostBind>,
     stdio: StdioPaths,
@@ -80,7 +82,20 @@ impl Inner {
                 ),
             ));
         }
-        let binds = spec::rewrite_for_guest(&mut spec, &req.id)
+        let sandbox = spec::sandbox_spec(&spec);
+        if sandbox.pod && sandbox.host_network && req.id == self.sandbox_id {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "pod sandbox {} asks for the host's network (hostNetwork: true), which a VM \
+                     sandbox cannot join: its containers would not be on the node's network. \
+                     Run this pod with another RuntimeClass (runc), or without hostNetwork",
+                    req.id
+                ),
+            ));
+        }
+        let pod_member = sandbox_id != req.id;
+        let binds = spec::rewrite_for_guest(&mut spec, &req.id, pod_member)
             .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         let terminal = spec
             .pointer("/process/terminal")
@@ -94,6 +109,7 @@ impl Inner {
         };
         Ok(Parsed {
             bundle,
+            sandbox,
             spec,
             binds,
             stdio,
@@ -105,6 +121,7 @@ impl Inner {
     async fn sandbox_for(
         self: &Arc<Self>,
         req: &CreateTaskRequest,
+        spec: &spec::SandboxSpec,
     ) -> Result<(Arc<Sandbox>, bool)> {
         if let Some(sb) = self.lock().sandbox.clone() {
             if let Some(cause) = sb.end_cause() {
@@ -129,7 +146,7 @@ impl Inner {
         }
         let sb = self
             .launcher
-            .launch(&self.sandbox_id, &req.options, &self.log)
+            .launch(&self.sandbox_id, &req.options, spec, &self.log)
             .await
             .map_err(|e| match e {
                 LaunchError::Config(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
@@ -146,7 +163,7 @@ impl Inner {
 
     /// Called with the lifecycle lock held.
     async fn create_locked(self: &Arc<Self>, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
-        let (sb, booted) = self.sandbox_for(req).await?;
+        let (sb, booted) = self.sandbox_for(req, &p.sandbox).await?;
         let result = self.create_in(&sb, req, p).await;
         if result.is_err() && booted {
             // The sandbox was booted for this container alone: take it down with it.
@@ -180,7 +197,12 @@ impl Inner {
             }
         };
         if let Err(e) = agent
-            .create_container(&req.id, spec_bytes, !p.stdio.stdin.is_empty())
+            .create_container(
+                &req.id,
+                spec_bytes,
+                !p.stdio.stdin.is_empty(),
+                req.id == self.sandbox_id,
+            )
             .await
         {
             undo_mounts(sb, &mounts, &share_dir);

@@ -22,6 +22,7 @@ use crate::events::Events;
 use crate::launch::{LaunchError, Launcher};
 use crate::mount::SharedDirs;
 use crate::sandbox::Sandbox;
+use crate::spec::SandboxSpec;
 
 /// Hands out sandboxes around one fake agent, sharing from a temp dir; optionally holds
 /// the boot until `release` is notified.
@@ -39,6 +40,7 @@ impl Launcher for FakeLauncher {
         &self,
         id: &str,
         _options: &MessageField<Any>,
+        _spec: &SandboxSpec,
         _log: &Logger,
     ) -> Result<Arc<Sandbox>, LaunchError> {
         if let Some(gate) = &self.gate {
@@ -73,9 +75,10 @@ impl Launcher for Shared {
         &self,
         id: &str,
         options: &MessageField<Any>,
+        spec: &SandboxSpec,
         log: &Logger,
     ) -> Result<Arc<Sandbox>, LaunchError> {
-        self.0.launch(id, options, log).await
+        self.0.launch(id, options, spec, log).await
     }
 }
 

@@ -1,0 +1,121 @@
+//! Short host commands the shim runs (`nft`, `iptables`), waited for by pid.
+//!
+//! The shim's SIGCHLD reaper (containerd-shim's) reaps every child, so `Child::wait` may
+//! find its child gone. A command here is waited for as the watchdog waits for the VMM:
+//! subscribed to the reaper's exit announcements before it starts, and reaped directly
+//! when it is still ours (unit tests have no reaper).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use containerd_shim::asynchronous::monitor::{
+    monitor_subscribe, monitor_unsubscribe, Subscription,
+};
+use containerd_shim::monitor::{Subject, Topic};
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+/// How long a command may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(10);
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The exit code, or 128 + the signal that ended it.
+    pub status: i32,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.status == 0
+    }
+}
+
+/// Runs `program args…` with `stdin`, in the network namespace `netns` if one is given,
+/// and waits until it exits.
+pub async fn run(
+    program: &str,
+    args: &[String],
+    stdin: Vec<u8>,
+    netns: Option<&Path>,
+) -> std::io::Result<Finished> {
+    let mut sub = monitor_subscribe(Topic::Pid).await.ok();
+    let program = program.to_string();
+    let args = args.to_vec();
+    let netns: Option<PathBuf> = netns.map(Path::to_path_buf);
+    let spawned = tokio::task::spawn_blocking(move || -> std::io::Result<(i32, String)> {
+        let start = move || -> std::io::Result<(i32, String)> {
+            let mut child = Command::new(&program)
+                .args(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            if let Some(mut input) = child.stdin.take() {
+                input.write_all(&stdin)?;
+            }
+            let mut stderr = String::new();
+            if let Some(mut err) = child.stderr.take() {
+                err.read_to_string(&mut stderr)?;
+            }
+            // Not waited for here: see the module doc.
+            Ok((child.id() as i32, stderr))
+        };
+        match netns {
+            Some(ns) => crate::network::netns::run_in(&ns, move || {
+                start().map_err(|e| crate::network::NetworkError::Thread(e.to_string()))
+            })
+            .map_err(std::io::Error::other),
+            None => start(),
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?;
+    let result = match spawned {
+        Ok((pid, stderr)) => wait(pid, sub.as_mut())
+            .await
+            .map(|status| Finished { status, stderr }),
+        Err(e) => Err(e),
+    };
+    if let Some(s) = sub {
+        let _ = monitor_unsubscribe(s.id).await;
+    }
+    result
+}
+
+/// Waits for `pid` to exit: reaped here, or announced by the reaper on `sub`.
+async fn wait(pid: i32, mut sub: Option<&mut Subscription>) -> std::io::Result<i32> {
+    let deadline = tokio::time::Instant::now() + COMMAND_TIMEOUT;
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            // The reaper got it first: its announcement says how it ended.
+            Err(Errno::ECHILD) => {}
+            Err(e) => return Err(std::io::Error::from(e)),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("pid {pid} did not exit within {COMMAND_TIMEOUT:?}"),
+            ));
+        }
+        match sub.as_deref_mut() {
+            Some(s) => {
+                if let Ok(Some(ev)) = tokio::time::timeout(POLL, s.rx.recv()).await {
+                    if matches!(ev.subject, Subject::Pid(p) if p == pid) {
+                        return Ok(ev.exit_code);
+                    }
+                }
+            }
+            None => tokio::time::sleep(POLL).await,
+        }
+    }
+}
