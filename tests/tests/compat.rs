@@ -174,3 +174,58 @@ fn containerd_2_1() {
     let c = Containerd::start_version("c21", "2.1");
     short_set(&c, "2.1.9", "c21");
 }
+
+/// A Kubernetes pod through containerd `version`'s CRI (RuntimeClass handler `kata`): its
+/// IP answers from the host, a host port through portmap, exec, port-forward, and removal
+/// leaves nothing. The full CRI set runs on the system's 1.6 (tests/cri.rs).
+fn cri_short_set(version: &str, tag: &str) {
+    let c = CriContainerd::start_version(&format!("{tag}-cri"), Handler::Kata, version);
+    let host_port = free_tcp_port();
+    let mut config = c.pod_config(&format!("{tag}-pod"));
+    config.port_mappings.push(tcp_port_mapping(8080, host_port));
+    let pod = c.run_pod(config);
+    let script =
+        "mkdir -p /www && echo hello-cri > /www/index.html && exec httpd -f -p 8080 -h /www";
+    let web = c.container_config(&pod, "web", &["sh", "-c", script]);
+    let id = c.start_container(&pod, web);
+
+    for (host, port) in [(pod.ip.clone(), 8080), (host_ip(), host_port)] {
+        wait_http(
+            &host,
+            port,
+            "/index.html",
+            "hello-cri",
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("containerd {version}: {host}:{port}: {e}"));
+    }
+    let out = c.exec(&id, &["hostname"]);
+    assert_eq!(out.stdout.trim(), format!("{tag}-pod"), "{}", out.stderr);
+
+    let session = c
+        .cri()
+        .port_forward_stream(&pod.id, 8080)
+        .unwrap_or_else(|e| panic!("containerd {version}: PortForward: {e}\n{}", c.log_tail()));
+    session
+        .send(b"GET /index.html HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("sending the request");
+    let (data, error) = session
+        .finish(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.log_tail()));
+    assert!(
+        String::from_utf8_lossy(&data).contains("hello-cri"),
+        "containerd {version}: port-forward gave {:?}, error channel {error:?}",
+        String::from_utf8_lossy(&data)
+    );
+    c.remove_pod_checked(pod);
+}
+
+#[test]
+fn containerd_1_7_cri_pod() {
+    cri_short_set("1.7", "c17");
+}
+
+#[test]
+fn containerd_2_1_cri_pod() {
+    cri_short_set("2.1", "c21");
+}

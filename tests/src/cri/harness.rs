@@ -225,8 +225,32 @@ impl CriContainerd {
         Self::start_configured(name, handler, &RuntimeConfig::qemu())
     }
 
+    /// The same on containerd `version` ("1.7", "2.1": see [`Containerd::start_version`]).
+    pub fn start_version(name: &str, handler: Handler, version: &str) -> Self {
+        let bin = crate::containerd_bin_dir(version);
+        Self::start_in(
+            name,
+            handler,
+            &RuntimeConfig::qemu(),
+            Some(&bin),
+            version.starts_with('2'),
+        )
+    }
+
     /// The same with the runtime configuration `config` (for the `kata` handler).
     pub fn start_configured(name: &str, handler: Handler, config: &RuntimeConfig) -> Self {
+        Self::start_in(name, handler, config, None, false)
+    }
+
+    /// `bin_dir`: another containerd's binaries; `v3`: it reads configuration version 3
+    /// (containerd 2.x), whose CRI is split into plugins of their own.
+    fn start_in(
+        name: &str,
+        handler: Handler,
+        config: &RuntimeConfig,
+        bin_dir: Option<&std::path::Path>,
+        v3: bool,
+    ) -> Self {
         let instance = INSTANCES.fetch_add(1, Ordering::SeqCst);
         let dir = Containerd::dir_for(name);
         let conf_dir = dir.join("cni/net.d");
@@ -239,7 +263,7 @@ impl CriContainerd {
         .expect("writing the CNI configuration");
         let script_env = vec![
             ("CONTAINERD_ENABLE_CRI".to_string(), "1".to_string()),
-            ("CONTAINERD_EXTRA_TOML".to_string(), cri_plugin_toml()),
+            ("CONTAINERD_EXTRA_TOML".to_string(), cri_plugin_toml(v3)),
             (
                 "CONTAINERD_CNI_CONF_DIR".to_string(),
                 conf_dir.display().to_string(),
@@ -251,7 +275,7 @@ impl CriContainerd {
             name,
             config,
             StartOptions {
-                bin_dir: None,
+                bin_dir,
                 script_env,
                 import_default: false,
             },
@@ -749,12 +773,24 @@ impl Drop for CriContainerd {
 /// that drops it), no process may lower its OOM score, and runc fails the pause container's
 /// `oomScoreAdj` of -998 ("can't get final child's PID from pipe"); containerd's
 /// `restrict_oom_score_adj` then clamps scores to its own, as on rootless hosts.
-fn cri_plugin_toml() -> String {
-    let mut toml = format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = {}\n",
-        crate::toml_str(PAUSE_IMAGE)
-    );
-    if !has_capability(CAP_SYS_RESOURCE) {
+fn cri_plugin_toml(v3: bool) -> String {
+    let image = crate::toml_str(PAUSE_IMAGE);
+    let restrict = !has_capability(CAP_SYS_RESOURCE);
+    if v3 {
+        // containerd 2.x: the pause image is a pinned image of the images plugin, the
+        // OOM score setting the runtime plugin's.
+        let mut toml = format!(
+            "[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = {image}\n"
+        );
+        if restrict {
+            toml.push_str(
+                "[plugins.\"io.containerd.cri.v1.runtime\"]\n  restrict_oom_score_adj = true\n",
+            );
+        }
+        return toml;
+    }
+    let mut toml = format!("[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = {image}\n");
+    if restrict {
         toml.push_str("  restrict_oom_score_adj = true\n");
     }
     toml
