@@ -114,7 +114,7 @@ test: setup build guest image containerd-versions
 	KATA_TEST_IMAGE=$(IMAGE_TAR) \
 	KATA_TEST_PAUSE_IMAGE=$(PAUSE_IMAGE_TAR) \
 	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN) \
-	$(CARGO) test --workspace -- --test-threads=2
+	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
 lint:
 	$(CARGO) fmt --all -- --check

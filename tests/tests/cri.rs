@@ -761,7 +761,10 @@ int main(void) {
 "#;
 
 /// What privileged and networking pods commonly use inside their sandbox: bridges,
-/// veths, taps, iptables and nftables with conntrack.
+/// veths, taps, iptables and nftables with conntrack. (With
+/// `privileged_without_host_devices`, as the runtime entries set it, a privileged kata
+/// container gets the VM's kernel but not the node's device nodes: it makes /dev/net/tun
+/// itself, as Docker-in-Docker images do.)
 fn a_privileged_pod_has_bridges_veths_tun_and_netfilter(h: Handler) {
     let c = cri("privileged", h);
     let mut config = c.pod_config("privileged");
@@ -783,6 +786,7 @@ fn a_privileged_pod_has_bridges_veths_tun_and_netfilter(h: Handler) {
 
     let script = "brctl addbr kbr0 && ip link set kbr0 up \
         && ip link add kv0 type veth peer name kv1 && ip link set kv0 master kbr0 \
+        && { [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }; } \
         && tunctl -t ktap0 >/dev/null && ip link show ktap0 >/dev/null \
         && test -e /proc/net/ip_tables_names && echo iptables ok \
         && test -e /proc/sys/net/netfilter/nf_conntrack_max && echo conntrack ok \
