@@ -54,7 +54,7 @@ def bench_density(h):
     res = {"kata": [], "runc": []}
     for i in range(DENSITY_RUNS):
         for side in ab_order(i):
-            r = h.density_once(side)
+            r = density_once(h, side)
             res[side].append(r)
             log("density run %d/%d %s: %s" % (i + 1, DENSITY_RUNS, side, json.dumps(r)))
     sec = "6. density: %d sandboxes started in parallel (ctr run -d ... sleep 600)" % DENSITY
