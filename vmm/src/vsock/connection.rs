@@ -30,6 +30,11 @@ pub enum ConnState {
     LocalInit,
     /// Data flows both ways (each way until its SHUTDOWN).
     Established,
+    /// The guest reset the connection while guest data still waited for the host: that
+    /// data was accepted (credited), so it is delivered before the host stream closes.
+    /// A guest whose close outlived its timeout (8 s in Linux) while the host read
+    /// slowly resets, and the end of a process's output must not be lost to that.
+    Draining,
     /// Finished; the muxer drops it (and sends an RST first if `rst_needed`).
     Closed,
 }
@@ -177,6 +182,12 @@ impl VsockConnection {
         if self.host_hup || self.state == ConnState::Closed {
             return Interest::default();
         }
+        if self.state == ConnState::Draining {
+            return Interest {
+                readable: false,
+                writable: true,
+            };
+        }
         Interest {
             readable: self.state == ConnState::Established
                 && !self.pending.read
@@ -187,9 +198,9 @@ impl VsockConnection {
         }
     }
 
-    /// Ends the connection; the guest is told with an RST.
+    /// Ends the connection; the guest is told with an RST (unless it reset it itself).
     fn kill(&mut self) {
-        self.rst_needed = true;
+        self.rst_needed = self.state != ConnState::Draining;
         self.state = ConnState::Closed;
     }
 
@@ -209,6 +220,13 @@ impl VsockConnection {
 
     fn dispatch(&mut self, hdr: &PacketHeader, payload: &[u8]) {
         match (self.state, hdr.op) {
+            // Gone for the guest already: nothing it says matters any more.
+            (ConnState::Draining, _) => {}
+            (ConnState::Established, OP_RST) if !self.tx_buf.is_empty() => {
+                self.state = ConnState::Draining;
+                self.pending = Pending::default();
+                self.flush_tx();
+            }
             (_, OP_RST) => self.state = ConnState::Closed,
             (ConnState::LocalInit, OP_RESPONSE) => {
                 self.state = ConnState::Established;
@@ -255,8 +273,28 @@ impl VsockConnection {
             return;
         }
         self.credit.received(len);
-        self.tx_buf.extend(payload);
+        let mut rest = payload;
+        if self.tx_buf.is_empty() {
+            // The common case: nothing is queued, so the bytes go to the host stream as
+            // they are, and only what it does not take now is copied into `tx_buf`.
+            match write_some(&mut self.stream, payload) {
+                Ok(n) => {
+                    self.credit.forwarded(n as u32); // n <= len
+                    rest = &payload[n..];
+                }
+                Err(e) => return self.host_write_failed(e),
+            }
+        }
+        self.tx_buf.extend(rest);
         self.flush_tx();
+    }
+
+    fn host_write_failed(&mut self, e: io::Error) {
+        debug!(
+            "vsock: writing to host port {} failed: {e}",
+            self.local_port
+        );
+        self.kill();
     }
 
     /// The host stream can take more data.
@@ -279,6 +317,8 @@ impl VsockConnection {
             ConnState::LocalInit => self.state = ConnState::Closed,
             // Drain what the host wrote before it went; the read then sees EOF.
             ConnState::Established => self.pending.read = !self.host_eof,
+            // Nobody reads what is left.
+            ConnState::Draining => self.state = ConnState::Closed,
             ConnState::Closed => {}
         }
     }
@@ -287,29 +327,23 @@ impl VsockConnection {
     fn flush_tx(&mut self) {
         while !self.tx_buf.is_empty() {
             let (front, _) = self.tx_buf.as_slices();
-            match self.stream.write(front) {
+            let n = match write_some(&mut self.stream, front) {
                 Ok(0) => break,
-                Ok(n) => {
-                    self.tx_buf.drain(..n);
-                    // Our own OK line does not count against the guest's credit.
-                    let ctl = n.min(self.tx_ctl_bytes);
-                    self.tx_ctl_bytes -= ctl;
-                    // n - ctl <= tx_buf's guest bytes <= HOST_BUF_ALLOC.
-                    self.credit.forwarded((n - ctl) as u32);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    debug!(
-                        "vsock: writing to host port {} failed: {e}",
-                        self.local_port
-                    );
-                    self.kill();
-                    return;
-                }
-            }
+                Ok(n) => n,
+                Err(e) => return self.host_write_failed(e),
+            };
+            self.tx_buf.drain(..n);
+            // Our own OK line does not count against the guest's credit.
+            let ctl = n.min(self.tx_ctl_bytes);
+            self.tx_ctl_bytes -= ctl;
+            // n - ctl <= tx_buf's guest bytes <= HOST_BUF_ALLOC.
+            self.credit.forwarded((n - ctl) as u32);
         }
-        if self.credit.needs_update() {
+        if self.tx_buf.is_empty() && self.tx_buf.capacity() > MAX_PKT_PAYLOAD {
+            // A burst the host read slowly must not pin its buffer for the connection's life.
+            self.tx_buf = VecDeque::new();
+        }
+        if self.credit.needs_update() && self.state == ConnState::Established {
             self.pending.credit_update = true;
         }
         self.finish_shutdown();
@@ -317,7 +351,16 @@ impl VsockConnection {
 
     /// Passes a guest SHUTDOWN on to the host once buffered data is out.
     fn finish_shutdown(&mut self) {
-        if self.state != ConnState::Established || !self.tx_buf.is_empty() {
+        if !self.tx_buf.is_empty() {
+            return;
+        }
+        if self.state == ConnState::Draining {
+            // Delivered: the host reads the end of the stream; the guest needs no RST.
+            let _ = self.stream.shutdown(Shutdown::Write);
+            self.state = ConnState::Closed;
+            return;
+        }
+        if self.state != ConnState::Established {
             return;
         }
         if self.peer_shutdown & SHUTDOWN_SEND != 0 {
@@ -352,7 +395,7 @@ impl VsockConnection {
         writer: &mut Writer<'_, B>,
         scratch: &mut [u8],
     ) -> Result<Option<u32>, PacketError> {
-        if self.state == ConnState::Closed {
+        if matches!(self.state, ConnState::Closed | ConnState::Draining) {
             return Ok(None);
         }
         if std::mem::take(&mut self.pending.request) {
@@ -437,6 +480,22 @@ impl AsRawFd for VsockConnection {
     fn as_raw_fd(&self) -> RawFd {
         self.stream.as_raw_fd()
     }
+}
+
+/// Writes `data` to the non-blocking `stream` until it would block; returns how much it
+/// took. Errors are the stream's own (the peer went away, ...).
+fn write_some(stream: &mut UnixStream, data: &[u8]) -> io::Result<usize> {
+    let mut written = 0;
+    while written < data.len() {
+        match stream.write(&data[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// Whether the other end of a unix stream is gone for good (not just half-closed).

@@ -213,3 +213,89 @@ fn unexpected_op_resets() {
     assert!(c.is_closed());
     assert!(c.take_rst().is_some());
 }
+
+/// A host stream that takes less than the guest sends: the rest waits in our buffer and
+/// reaches the host in order once it reads; the buffer is let go once empty, and credit
+/// updates come each time half the guest's (smaller) window was freed.
+#[test]
+fn a_slow_host_gets_every_byte_in_order_and_the_guest_its_credit() {
+    let (mut c, mut host) = established();
+    host.set_nonblocking(true).expect("nonblocking");
+    let window = 256 * 1024;
+    let mut h = guest_hdr(OP_RW, 1 << 30, 1024);
+    h.buf_alloc = window;
+    let data: Vec<u8> = (0..window as usize).map(|i| (i % 251) as u8).collect();
+    for chunk in data.chunks(MAX_PKT_PAYLOAD) {
+        h.len = chunk.len() as u32;
+        c.on_packet(&h, chunk);
+    }
+    assert!(!c.is_closed());
+    assert!(
+        c.credit().buffered > 0,
+        "the socket pair should not take 256 KiB at once"
+    );
+    assert!(c.interest().writable);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut updates = 0;
+    while got.len() < data.len() {
+        match host.read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.on_writable(),
+            Err(e) => panic!("read: {e}"),
+        }
+        if c.has_pending_rx() {
+            let (hdr, _) = RxChain::new(4096).fill(&mut c).expect("credit update");
+            assert_eq!(hdr.op, OP_CREDIT_UPDATE);
+            updates += 1;
+        }
+    }
+    assert!(got == data, "the bytes differ");
+    assert_eq!(c.credit().buffered, 0);
+    assert!(!c.interest().writable);
+    assert!(
+        c.tx_buf.capacity() <= MAX_PKT_PAYLOAD,
+        "the burst's buffer was kept"
+    );
+    assert!(updates >= 1, "the guest never heard of the freed space");
+    assert_eq!(c.credit().fwd_cnt, window);
+}
+
+/// A guest that closes while the host reads slowly resets the connection once its close
+/// times out; the bytes it sent before are still delivered, then the host reads EOF.
+#[test]
+fn a_guest_reset_after_its_close_still_delivers_what_it_sent() {
+    let (mut c, mut host) = established();
+    host.set_nonblocking(true).expect("nonblocking");
+    let mut h = guest_hdr(OP_RW, 1 << 30, 1024);
+    h.buf_alloc = 1 << 20;
+    let data: Vec<u8> = (0..(512 * 1024)).map(|i| (i % 253) as u8).collect();
+    for chunk in data.chunks(MAX_PKT_PAYLOAD) {
+        h.len = chunk.len() as u32;
+        c.on_packet(&h, chunk);
+    }
+    assert!(c.credit().buffered > 0, "the host must lag for this test");
+    let mut close = guest_hdr(OP_SHUTDOWN, 1 << 30, 1024);
+    close.flags = SHUTDOWN_BOTH;
+    c.on_packet(&close, &[]);
+    c.on_packet(&guest_hdr(OP_RST, 1 << 30, 1024), &[]);
+    assert_eq!(c.state(), ConnState::Draining);
+    assert!(!c.has_pending_rx(), "nothing more goes to the guest");
+    assert!(RxChain::new(4096).fill(&mut c).is_none());
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match host.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(c.interest().writable);
+                c.on_writable();
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    assert!(got == data, "the bytes differ");
+    assert!(c.is_closed());
+    assert!(c.take_rst().is_none(), "the guest already reset it");
+}
