@@ -4,13 +4,19 @@
 //! as fast as it can until the peer closes. The host reads them through the sandbox's
 //! hybrid vsock socket (`CONNECT 1025`) to measure the raw vsock ceiling of the VM, the
 //! channel container stdout travels through. A production sandbox has no such port; when
-//! there is one, it serves the host only, like the API (see `host_only`). One plain
-//! thread per connection; no async.
+//! there is one, it serves the host only, like the API (see `host_only`). It writes as the
+//! stdio streams do, a pipe-full (`stdio::PIPE_SIZE`) per write on a socket with their
+//! window (`stdio_streams::set_output_window`), so that it measures the channel and not
+//! its own system calls (64 KiB writes, each a system call and a wake-up, held it to
+//! about two thirds of the channel under TCG). One plain thread per connection; no async.
 
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 
 use kata_agent::host_only::{accept_from_host, blocking_listener};
+use kata_agent::stdio::PIPE_SIZE;
+use kata_agent::stdio_streams::set_output_window;
 use slog::{info, warn, Logger};
 
 pub const BENCH_SINK_PORT: u32 = 1025;
@@ -42,12 +48,16 @@ pub fn start(log: Logger) {
 
 fn serve(log: &Logger) -> nix::Result<()> {
     let listener = blocking_listener(BENCH_SINK_PORT)?;
+    // Accepted sockets inherit it.
+    if let Err(e) = set_output_window(listener.as_raw_fd()) {
+        warn!(log, "bench sink keeps the default vsock window"; "error" => %e);
+    }
     loop {
         let mut out = File::from(accept_from_host(log, &listener, BENCH_SINK_PORT)?);
         let _ = std::thread::Builder::new()
             .name("bench-sink-conn".into())
             .spawn(move || {
-                let zeros = vec![0u8; 64 * 1024];
+                let zeros = vec![0u8; PIPE_SIZE as usize];
                 // Ends with EPIPE/ECONNRESET once the peer closes.
                 while out.write_all(&zeros).is_ok() {}
             });

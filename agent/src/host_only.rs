@@ -7,12 +7,13 @@
 //! host (CID 2, `VMADDR_CID_HOST`); any other is closed at once, before a byte is read,
 //! and logged with the peer's address. The server keeps accepting.
 //!
-//! [`ttrpc_listener`] is the agent API's listener (its own accept loop, handed to the
-//! ttrpc server as a stream of checked connections); [`check_peer`] is the rule;
+//! [`ttrpc_listener`] is the agent API's listener and [`spawn_service`] runs the other
+//! async services (stdio streams, port-forward), both on [`host_connections`], a stream
+//! of checked connections; [`check_peer`] is the rule;
 //! [`blocking_listener`] and [`accept_from_host`] serve the blocking services (the bench
 //! sink, the debug console) by the same rule.
 
-use std::future::ready;
+use std::future::{ready, Future};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
@@ -23,7 +24,7 @@ use nix::sys::socket::{
     VsockAddr as NixVsockAddr,
 };
 use slog::{warn, Logger};
-use tokio_vsock::{VsockAddr, VsockListener};
+use tokio_vsock::{VsockAddr, VsockListener, VsockStream};
 use ttrpc::r#async::transport::Listener;
 
 /// The only peer CID the agent serves.
@@ -113,6 +114,43 @@ pub fn accept_from_host(log: &Logger, listener: &OwnedFd, port: u32) -> nix::Res
 /// A ttrpc listener on vsock `cid:port` (the agent binds any local CID) that hands the
 /// server only connections from the host.
 pub fn ttrpc_listener(log: Logger, cid: u32, port: u32) -> io::Result<Listener> {
+    Ok(Listener::new(host_connections(log, cid, port)?))
+}
+
+/// Serves every connection from the host to vsock port `port` (any local CID) with
+/// `serve`, each in a task of its own. When the port cannot be bound the service is
+/// absent: that is logged (naming it as `service`) and nothing else changes.
+pub fn spawn_service<F, Fut>(log: &Logger, service: &str, port: u32, serve: F)
+where
+    F: Fn(VsockStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let conns = match host_connections(log.clone(), libc::VMADDR_CID_ANY, port) {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(log, "no {service}: cannot listen on vsock"; "port" => port, "error" => %e);
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        let mut conns = Box::pin(conns);
+        while let Some(next) = conns.next().await {
+            // Accept errors were logged where they happened.
+            if let Ok(conn) = next {
+                tokio::spawn(serve(conn));
+            }
+        }
+    });
+}
+
+/// The connections from the host to vsock `cid:port`, for the async services: every
+/// other is closed and logged (see [`host_only`]). A failed accept is logged, paused for
+/// and passed on; callers skip it.
+pub fn host_connections(
+    log: Logger,
+    cid: u32,
+    port: u32,
+) -> io::Result<impl Stream<Item = io::Result<VsockStream>> + Send + 'static> {
     let listener = VsockListener::bind(VsockAddr::new(cid, port))?;
     let accept_log = log.clone();
     let accepted = stream::unfold(listener, move |listener| {
@@ -135,7 +173,7 @@ pub fn ttrpc_listener(log: Logger, cid: u32, port: u32) -> io::Result<Listener> 
             Some((next, listener))
         }
     });
-    Ok(Listener::new(host_only(log, port, accepted)))
+    Ok(host_only(log, port, accepted))
 }
 
 /// Passes on the connections from the host and accept errors (the ttrpc server skips

@@ -3,7 +3,8 @@
 //! containers whose rootfs arrives over virtio-fs.
 //!
 //! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
-//! (launch via the re-executed `stage`) → `stdio`, `reaper`, `cgroup`; `init` holds the
+//! (launch via the re-executed `stage`) → `stdio` (served by `stdio_streams`), `reaper`,
+//! `cgroup`; `init` holds the
 //! PID 1 duties; `debug_console` the opt-in shell for `kata-runtime exec`.
 
 pub mod cgroup;
@@ -24,3 +25,4 @@ pub mod sandbox;
 pub mod spec;
 pub mod stage;
 pub mod stdio;
+pub mod stdio_streams;

@@ -1,10 +1,11 @@
 //! kata-agent's entry point. Three modes:
 //! - `kata-agent __container-stage`: the container stage (see `stage`), dispatched before
 //!   any thread exists;
-//! - PID 1 in the guest: mount, then serve on vsock port 1024 (and, when the kernel
-//!   command line asks, the bench sink on 1025 and the debug console on 1026);
+//! - PID 1 in the guest: mount, then serve on vsock port 1024, stdio streams on 1028 and
+//!   port-forward on 1027 (and, when the kernel command line asks, the bench sink on 1025
+//!   and the debug console on 1026);
 //! - `kata-agent --listen unix:///path.sock`: serve on the host for tests, as a child
-//!   subreaper, without mounting anything global.
+//!   subreaper, without mounting anything global; stdio streams at `/path.sock.stdio`.
 
 mod bench_sink;
 
@@ -15,7 +16,7 @@ use kata_agent::cgroup::CgroupRoot;
 use kata_agent::rpc::AgentRpc;
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
-use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage};
+use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage, stdio_streams};
 use slog::{error, info, Logger};
 use ttrpc::r#async::transport::Listener;
 
@@ -150,6 +151,11 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), ServeError> {
             })?;
         if pid1 {
             kata_agent::port_forward::start(log.clone());
+            stdio_streams::start_vsock(log.clone(), sandbox.clone());
+        } else if let Some(path) = addr.strip_prefix("unix://") {
+            let path = format!("{path}.stdio");
+            stdio_streams::start_unix(log.clone(), sandbox.clone(), Path::new(&path))
+                .map_err(io_step(format!("listen for stdio streams on {path}")))?;
         }
         info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());
 

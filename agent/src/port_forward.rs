@@ -10,13 +10,11 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-use slog::{debug, warn, Logger};
+use slog::{debug, Logger};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio_vsock::{VsockAddr, VsockListener};
 
-use crate::host_only::{host_only, Peer};
+use crate::host_only::spawn_service;
 
 /// The longest request line: a port number and a newline.
 const MAX_REQUEST: usize = 16;
@@ -27,41 +25,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// port-forward, and nothing else changes).
 pub fn start(log: Logger) {
     let port = protocols::PORT_FORWARD_VSOCK_PORT;
-    let listener = match VsockListener::bind(VsockAddr::new(libc::VMADDR_CID_ANY, port)) {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(log, "no port-forward: cannot listen on vsock"; "port" => port, "error" => %e);
-            return;
-        }
-    };
-    let accepted = futures::stream::unfold(listener, |listener| async move {
-        let next = listener.accept().await.map(|(conn, addr)| {
-            (
-                conn,
-                Peer {
-                    cid: addr.cid(),
-                    port: addr.port(),
-                },
-            )
-        });
-        Some((next, listener))
-    });
-    tokio::spawn(async move {
-        let mut conns = Box::pin(host_only(log.clone(), port, accepted));
-        while let Some(next) = conns.next().await {
-            match next {
-                Ok(conn) => {
-                    let log = log.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve(conn).await {
-                            debug!(log, "port-forward connection ended"; "error" => %e);
-                        }
-                    });
-                }
-                Err(e) => {
-                    warn!(log, "port-forward accept failed"; "error" => %e);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+    let conn_log = log.clone();
+    spawn_service(&log, "port-forward", port, move |conn| {
+        let log = conn_log.clone();
+        async move {
+            if let Err(e) = serve(conn).await {
+                debug!(log, "port-forward connection ended"; "error" => %e);
             }
         }
     });

@@ -11,21 +11,19 @@ use nix::fcntl::OFlag;
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::pipe2;
 use slog::{info, Logger};
-use tokio::sync::Mutex;
 
 use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
 use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, STAGE_ARG};
-use crate::stdio::{self, OutputStream, SharedFd};
+use crate::stdio::{self, SharedFd};
 
 /// A launched container process.
 pub struct Process {
     pub exec_id: String,
     pub pid: i32,
     exit: ExitReceiver,
-    stdin: Mutex<Option<SharedFd>>,
-    pub stdout: OutputStream,
-    pub stderr: Option<OutputStream>,
+    /// Each stream waits for the host to attach it (`stdio_streams`).
+    pub stdio: stdio::Stdio,
     /// The pty master, when the process has a terminal.
     pub tty: Option<SharedFd>,
 }
@@ -51,26 +49,6 @@ impl Process {
 
     pub fn exit_status(&self) -> Option<ExitStatus> {
         *self.exit.borrow()
-    }
-
-    pub async fn write_stdin(&self, data: &[u8]) -> std::io::Result<()> {
-        let stdin = self.stdin.lock().await.clone();
-        match stdin {
-            Some(fd) => stdio::write_all(&fd, data).await,
-            None => Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "stdin is closed",
-            )),
-        }
-    }
-
-    pub async fn close_stdin(&self) -> std::io::Result<()> {
-        let stdin = self.stdin.lock().await.take();
-        if let (Some(fd), true) = (stdin, self.tty.is_some()) {
-            // A terminal has no half-close: send the EOF character (^D) instead.
-            stdio::write_all(&fd, b"\x04").await?;
-        }
-        Ok(())
     }
 }
 
@@ -178,9 +156,7 @@ pub async fn launch(
         exec_id: exec_id.to_string(),
         pid,
         exit,
-        stdin: Mutex::new(stdin_w),
-        stdout: OutputStream::start(stdout),
-        stderr: stderr.map(OutputStream::start),
+        stdio: stdio::Stdio::new(stdin_w, stdout, stderr),
         tty,
     };
     Ok(Launched {

@@ -1,7 +1,8 @@
 //! The ttrpc AgentService: one short method per RPC, each delegating to the sandbox.
 //!
-//! ttrpc's async server runs every unary request in its own task, so a ReadStdout that
-//! waits for data does not hold up WaitProcess or anything else.
+//! ttrpc's async server runs every unary request in its own task, so a WaitProcess that
+//! waits for an exit does not hold up anything else. Stdio does not travel here: each
+//! stream has a connection of its own (`stdio_streams`).
 
 use std::sync::Arc;
 
@@ -20,11 +21,6 @@ pub struct AgentRpc {
 }
 
 type RpcResult<T> = ttrpc::Result<T>;
-
-fn len_arg(len: u32) -> usize {
-    // A zero length would make an empty answer look like end of stream.
-    (len as usize).clamp(1, 4 * 1024 * 1024)
-}
 
 #[async_trait]
 impl AgentService for AgentRpc {
@@ -91,59 +87,6 @@ impl AgentService for AgentRpc {
         let mut resp = ListProcessesResponse::new();
         resp.pids = container.pids().await;
         Ok(resp)
-    }
-
-    async fn read_stdout(
-        &self,
-        _: &TtrpcContext,
-        r: ReadStreamRequest,
-    ) -> RpcResult<ReadStreamResponse> {
-        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
-        let mut resp = ReadStreamResponse::new();
-        resp.data = process.stdout.read(len_arg(r.len)).await;
-        Ok(resp)
-    }
-
-    async fn read_stderr(
-        &self,
-        _: &TtrpcContext,
-        r: ReadStreamRequest,
-    ) -> RpcResult<ReadStreamResponse> {
-        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
-        let mut resp = ReadStreamResponse::new();
-        // A terminal merges stderr into stdout: its stderr is empty.
-        if let Some(stderr) = &process.stderr {
-            resp.data = stderr.read(len_arg(r.len)).await;
-        }
-        Ok(resp)
-    }
-
-    async fn write_stdin(
-        &self,
-        _: &TtrpcContext,
-        r: WriteStreamRequest,
-    ) -> RpcResult<WriteStreamResponse> {
-        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
-        process.write_stdin(&r.data).await.map_err(|e| {
-            AgentError::FailedPrecondition(format!(
-                "write to stdin of {}/{}: {e}",
-                r.container_id, r.exec_id
-            ))
-        })?;
-        let mut resp = WriteStreamResponse::new();
-        resp.len = r.data.len() as u32;
-        Ok(resp)
-    }
-
-    async fn close_stdin(&self, _: &TtrpcContext, r: ProcessRequest) -> RpcResult<Empty> {
-        let process = self.sandbox.process(&r.container_id, &r.exec_id).await?;
-        process.close_stdin().await.map_err(|e| {
-            AgentError::Internal(format!(
-                "close stdin of {}/{}: {e}",
-                r.container_id, r.exec_id
-            ))
-        })?;
-        Ok(Empty::new())
     }
 
     async fn tty_win_resize(&self, _: &TtrpcContext, r: TtyWinResizeRequest) -> RpcResult<Empty> {

@@ -1,25 +1,32 @@
-//! A container process's stdio as the agent sees it: output streams read into a bounded
-//! queue (so a process that writes faster than the shim reads is paused by the pipe, and
-//! memory stays bounded), and a stdin writer.
+//! A container process's stdio as the agent holds it: the agent's end of each stream
+//! (a pipe end, or the terminal's master) waits in [`Stdio`] until the host attaches the
+//! stream over a connection of its own (`stdio_streams`, `protocols::stdio`), which
+//! starts the copy between the fd and that connection ([`Attached::run`]).
 //!
 //! Works on pipes and on a pty master alike, through non-blocking fds in tokio's reactor.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use protocols::stdio::StdioStream;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{mpsc, Mutex};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
 
-/// Bytes read from the fd at a time: as much as the pipe holds, so that a fast writer
-/// costs one read (and one wake-up) per pipe-full under TCG, where every syscall is dear.
-const CHUNK: usize = protocols::STDIO_CHUNK;
-/// Chunks queued before the reader stops reading (so at most 2 MiB per stream).
-const QUEUE: usize = 2;
-/// Pipe buffer asked for a container's output (the default is 64 KiB): a process that
-/// writes in bursts blocks less often while the shim's read is in flight.
+/// Pipe buffer asked for a container's stdout (the default is 64 KiB): a process that
+/// writes in bursts blocks less often while the previous chunk crosses vsock, and each
+/// read takes a whole burst (one read and one wake-up per pipe-full under TCG, where
+/// every syscall is dear).
 pub const PIPE_SIZE: i32 = 1 << 20;
+
+/// Bytes moved per read when the fd does not say how much it holds (a terminal).
+const DEFAULT_CHUNK: usize = 64 << 10;
+
+/// The terminal's end-of-file character (^D): a terminal has no half-close, so this is
+/// how the end of the host's stdin reaches a process reading its terminal.
+const TERMINAL_EOF: u8 = 0x04;
 
 /// A non-blocking fd registered with tokio, shared by the reader and writer of a pty.
 pub type SharedFd = Arc<AsyncFd<OwnedFd>>;
@@ -34,100 +41,189 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<SharedFd> {
     Ok(Arc::new(afd))
 }
 
-/// One output stream (stdout or stderr) of a process.
-pub struct OutputStream {
-    inner: Mutex<OutputInner>,
+/// Why a stream cannot be attached.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error("the process was started without stdin")]
+    NoStdin,
+    #[error("the process has a terminal, which merges stderr into stdout: attach stdout")]
+    TerminalStderr,
+    #[error("its {0} is already attached to another connection")]
+    AlreadyAttached(StdioStream),
 }
 
-struct OutputInner {
-    rx: mpsc::Receiver<Vec<u8>>,
-    /// A chunk partly handed out, and how much of it was.
-    pending: Option<(Vec<u8>, usize)>,
+/// One stream of a process, from the agent's side.
+enum Slot {
+    /// The fd, until the host attaches the stream.
+    Waiting(SharedFd),
+    Attached,
+    /// The process has no such stream (no stdin; stderr of a terminal).
+    Absent,
 }
 
-impl OutputStream {
-    /// Starts copying `fd` into the queue until end of file.
-    pub fn start(fd: SharedFd) -> OutputStream {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(async move {
-            loop {
-                let chunk = match read_chunk(&fd).await {
-                    Ok(Some(chunk)) => chunk,
-                    // EOF, or EIO from a pty master whose slave side is closed.
-                    Ok(None) | Err(_) => return,
-                };
-                if tx.send(chunk).await.is_err() {
-                    return; // the process was removed
-                }
-            }
-        });
-        OutputStream {
-            inner: Mutex::new(OutputInner { rx, pending: None }),
-        }
-    }
-
-    /// Waits for data and returns at most `len` bytes; empty at end of stream.
-    ///
-    /// Everything already queued goes out in one reply, up to `len`: every request is a
-    /// round trip over vsock, so one per pipe read would cap throughput far below what
-    /// the channel carries.
-    pub async fn read(&self, len: usize) -> Vec<u8> {
-        let len = len.max(1);
-        let mut inner = self.inner.lock().await;
-        let mut out = Vec::new();
-        while out.len() < len {
-            let (chunk, offset) = match inner.pending.take() {
-                Some(p) => p,
-                None if out.is_empty() => match inner.rx.recv().await {
-                    Some(chunk) => (chunk, 0),
-                    None => break, // end of stream
-                },
-                None => match inner.rx.try_recv() {
-                    Ok(chunk) => (chunk, 0),
-                    Err(_) => break, // nothing more right now
-                },
-            };
-            let n = (len - out.len()).min(chunk.len() - offset);
-            if out.is_empty() && offset == 0 && n == chunk.len() {
-                out = chunk; // the common case: hand the buffer over without copying
-            } else {
-                out.extend_from_slice(&chunk[offset..offset + n]);
-                if offset + n < chunk.len() {
-                    inner.pending = Some((chunk, offset + n));
-                }
-            }
-        }
-        out
+impl Slot {
+    fn of(fd: Option<SharedFd>) -> Mutex<Slot> {
+        Mutex::new(fd.map_or(Slot::Absent, Slot::Waiting))
     }
 }
 
-async fn read_chunk(fd: &AsyncFd<OwnedFd>) -> io::Result<Option<Vec<u8>>> {
-    // Not zeroed: read(2) fills what it returns, and only that becomes the length. Zeroing
-    // a large buffer for every read would cost a small write as much as a full one.
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
+/// The stdio of one process, each stream waiting for the host to attach it.
+pub struct Stdio {
+    stdin: Mutex<Slot>,
+    stdout: Mutex<Slot>,
+    stderr: Mutex<Slot>,
+    terminal: bool,
+    /// Dropped with the process: ends the copies of its attached streams.
+    alive: watch::Sender<()>,
+}
+
+impl Stdio {
+    /// `stdin` is None when the process reads /dev/null. A process with a terminal has
+    /// its master as `stdout` (and `stdin`) and no `stderr`.
+    pub fn new(stdin: Option<SharedFd>, stdout: SharedFd, stderr: Option<SharedFd>) -> Self {
+        Stdio {
+            stdin: Slot::of(stdin),
+            stdout: Slot::of(Some(stdout)),
+            terminal: stderr.is_none(),
+            stderr: Slot::of(stderr),
+            alive: watch::channel(()).0,
+        }
+    }
+
+    /// Takes `stream` for one connection: a stream is attached at most once.
+    pub fn attach(&self, stream: StdioStream) -> Result<Attached, AttachError> {
+        let slot = match stream {
+            StdioStream::Stdin => &self.stdin,
+            StdioStream::Stdout => &self.stdout,
+            StdioStream::Stderr => &self.stderr,
+        };
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *slot, Slot::Attached) {
+            Slot::Waiting(fd) => Ok(Attached {
+                fd,
+                stream,
+                terminal: self.terminal,
+                removed: self.alive.subscribe(),
+            }),
+            Slot::Attached => Err(AttachError::AlreadyAttached(stream)),
+            Slot::Absent => {
+                *slot = Slot::Absent;
+                Err(match stream {
+                    StdioStream::Stderr => AttachError::TerminalStderr,
+                    _ => AttachError::NoStdin,
+                })
+            }
+        }
+    }
+}
+
+/// A stream taken for a connection; [`Attached::run`] moves its bytes.
+pub struct Attached {
+    fd: SharedFd,
+    stream: StdioStream,
+    terminal: bool,
+    /// Ends (with an error) once the process is gone.
+    removed: watch::Receiver<()>,
+}
+
+impl Attached {
+    pub fn stream(&self) -> StdioStream {
+        self.stream
+    }
+
+    /// Copies between the process and `conn` as `protocols::stdio` says, until the
+    /// stream ends or the process is removed. Returns the bytes moved.
+    pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(self, conn: S) -> io::Result<u64> {
+        let Attached {
+            fd,
+            stream,
+            terminal,
+            mut removed,
+        } = self;
+        let copy = async {
+            match stream {
+                StdioStream::Stdin => copy_input(conn, &fd, terminal).await,
+                _ => copy_output(&fd, conn).await,
+            }
+        };
+        tokio::select! {
+            r = copy => r,
+            // Nothing is ever sent: this ends only when the process is gone. Dropping the
+            // connection then closes it.
+            _ = removed.changed() => Ok(0),
+        }
+    }
+}
+
+/// Process output to the host, until end of file on `fd`; the caller then closes the
+/// connection. A close, not a half-close: vsock backends pass a guest's full close on as
+/// the end of the host's stream, while some (vhost-device-vsock) ignore a half-close.
+/// Every byte written has been queued with the host's credit by then, ahead of the close.
+async fn copy_output<S: AsyncRead + AsyncWrite + Unpin>(
+    fd: &AsyncFd<OwnedFd>,
+    mut conn: S,
+) -> io::Result<u64> {
+    let chunk = chunk_size(fd);
+    // Zeroed by calloc, which maps fresh pages: a quiet process never touches most.
+    let mut buf = vec![0u8; chunk];
+    let mut total = 0u64;
+    loop {
+        let n = read_fd(fd, &mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        conn.write_all(&buf[..n]).await?;
+        total += n as u64;
+    }
+    conn.flush().await?;
+    Ok(total)
+}
+
+/// The host's bytes to the process's stdin, until the host's half-close (or close, or
+/// reset: the host is done either way); then the process's stdin ends (its pipe closes,
+/// or its terminal reads ^D).
+async fn copy_input<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
+    fd: &AsyncFd<OwnedFd>,
+    terminal: bool,
+) -> io::Result<u64> {
+    let mut buf = vec![0u8; DEFAULT_CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = conn.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        write_all(fd, &buf[..n]).await?;
+        total += n as u64;
+    }
+    if terminal {
+        write_all(fd, &[TERMINAL_EOF]).await?;
+    }
+    // A pipe's write end closes when the last holder of `fd` drops it.
+    Ok(total)
+}
+
+/// How much one read takes: a pipe-full, else [`DEFAULT_CHUNK`].
+fn chunk_size(fd: &AsyncFd<OwnedFd>) -> usize {
+    fcntl(fd.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_CHUNK)
+}
+
+/// Reads what `fd` has, waiting for it; 0 at end of file, which for a pty master is EIO
+/// once the terminal's last holder has closed it.
+async fn read_fd(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         let mut guard = fd.readable().await?;
         match guard.try_io(|inner| {
-            // SAFETY: the pointer and length describe `buf`'s unused capacity, which read(2)
-            // may write; the fd is open for as long as `inner` is borrowed.
-            let n =
-                unsafe { libc::read(inner.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), CHUNK) };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
+            nix::unistd::read(inner.get_ref().as_raw_fd(), buf).map_err(io::Error::from)
         }) {
-            Ok(Ok(0)) => return Ok(None),
-            Ok(Ok(n)) => {
-                // SAFETY: read(2) initialised the first `n <= CHUNK` bytes.
-                unsafe { buf.set_len(n) };
-                if n < CHUNK / 2 {
-                    buf.shrink_to_fit(); // a line of output does not pin a whole chunk
-                }
-                return Ok(Some(buf));
-            }
+            Ok(Ok(n)) => return Ok(n),
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }
@@ -135,7 +231,7 @@ async fn read_chunk(fd: &AsyncFd<OwnedFd>) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Writes all of `data` to `fd`, waiting while the pipe is full.
-pub async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
+async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         let mut guard = fd.writable().await?;
         match guard.try_io(|inner| {
@@ -169,70 +265,113 @@ pub fn resize(master: &AsyncFd<OwnedFd>, rows: u16, cols: u16) -> io::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tokio::net::UnixStream;
 
-    /// An output stream over a pipe holding `data`, already closed for writing.
-    async fn stream_of(data: &[u8]) -> OutputStream {
+    fn pipe() -> (SharedFd, std::fs::File) {
         let (r, w) = nix::unistd::pipe().unwrap();
-        let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-        let data = data.to_vec();
-        let writer = std::thread::spawn(move || {
-            let mut f = std::fs::File::from(w);
-            io::Write::write_all(&mut f, &data).unwrap();
-        });
-        let s = OutputStream::start(async_fd(r).unwrap());
+        let _ = fcntl(r.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        (async_fd(r).unwrap(), std::fs::File::from(w))
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len as u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// Output larger than the pipe arrives whole and in order, then the end of stream.
+    #[tokio::test]
+    async fn output_arrives_whole_then_the_stream_ends() {
+        let (r, mut w) = pipe();
+        let stdio = Stdio::new(None, r, None);
+        let attached = stdio.attach(StdioStream::Stdout).unwrap();
+        let (guest, mut host) = UnixStream::pair().unwrap();
+        let copy = tokio::spawn(attached.run(guest));
+        let data = pattern(3 * PIPE_SIZE as usize + 12345);
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || io::Write::write_all(&mut w, &sent).unwrap());
+        let mut got = Vec::new();
+        host.read_to_end(&mut got).await.unwrap();
         writer.join().unwrap();
-        s
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "the bytes differ");
+        assert_eq!(copy.await.unwrap().unwrap(), data.len() as u64);
     }
 
     #[tokio::test]
-    async fn queued_chunks_go_out_together_and_in_order() {
-        let data: Vec<u8> = (0..(CHUNK + 300_000) as u32)
-            .map(|i| (i % 251) as u8)
-            .collect();
+    async fn stdin_flows_until_the_hosts_half_close_then_the_pipe_closes() {
         let (r, w) = nix::unistd::pipe().unwrap();
-        let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-        let mut w = std::fs::File::from(w);
-        // A full chunk waits in the pipe before the reader starts, so its first read is
-        // a whole chunk; the rest becomes a second chunk behind it.
-        io::Write::write_all(&mut w, &data[..CHUNK]).unwrap();
-        let s = OutputStream::start(async_fd(r).unwrap());
-        let rest = data[CHUNK..].to_vec();
-        // On a blocking thread: the reader task needs this (single-threaded) runtime to
-        // drain the pipe meanwhile.
-        tokio::task::spawn_blocking(move || io::Write::write_all(&mut w, &rest).unwrap())
-            .await
-            .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let first = s.read(4 * CHUNK).await;
-        assert!(
-            first.len() > CHUNK,
-            "one reply carried only {} bytes",
-            first.len()
-        );
-        let mut all = first;
-        loop {
-            let more = s.read(4 * CHUNK).await;
-            if more.is_empty() {
-                break;
-            }
-            all.extend(more);
-        }
-        assert_eq!(all, data);
+        let stdio = Stdio::new(Some(async_fd(w).unwrap()), pipe().0, Some(pipe().0));
+        let attached = stdio.attach(StdioStream::Stdin).unwrap();
+        let (guest, mut host) = UnixStream::pair().unwrap();
+        let copy = tokio::spawn(attached.run(guest));
+        let data = pattern(300_000);
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            io::Read::read_to_end(&mut std::fs::File::from(r), &mut got).unwrap();
+            got
+        });
+        host.write_all(&data).await.unwrap();
+        host.shutdown().await.unwrap();
+        assert_eq!(copy.await.unwrap().unwrap(), data.len() as u64);
+        drop(stdio); // the process goes: nothing else holds the pipe's write end
+        assert!(reader.join().unwrap() == data, "stdin differs");
     }
 
     #[tokio::test]
-    async fn small_reads_split_a_chunk_without_losing_bytes() {
-        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 13) as u8).collect();
-        let s = stream_of(&data).await;
-        let mut all = Vec::new();
-        loop {
-            let part = s.read(777).await;
-            assert!(part.len() <= 777);
-            if part.is_empty() {
-                break;
-            }
-            all.extend(part);
+    async fn a_terminal_gets_eof_as_ctrl_d_and_has_no_stderr() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let master = async_fd(w).unwrap();
+        let stdio = Stdio::new(Some(master.clone()), master, None);
+        assert_eq!(
+            stdio.attach(StdioStream::Stderr).err(),
+            Some(AttachError::TerminalStderr)
+        );
+        let (guest, mut host) = UnixStream::pair().unwrap();
+        let copy = tokio::spawn(stdio.attach(StdioStream::Stdin).unwrap().run(guest));
+        host.write_all(b"ls\n").await.unwrap();
+        host.shutdown().await.unwrap();
+        copy.await.unwrap().unwrap();
+        let mut got = [0u8; 4];
+        io::Read::read_exact(&mut std::fs::File::from(r), &mut got).unwrap();
+        assert_eq!(&got, b"ls\n\x04");
+    }
+
+    #[tokio::test]
+    async fn each_stream_is_attached_once_and_stdin_only_if_given() {
+        let stdio = Stdio::new(None, pipe().0, Some(pipe().0));
+        assert_eq!(
+            stdio.attach(StdioStream::Stdin).err(),
+            Some(AttachError::NoStdin)
+        );
+        assert_eq!(
+            stdio.attach(StdioStream::Stdin).err(),
+            Some(AttachError::NoStdin)
+        );
+        for s in [StdioStream::Stdout, StdioStream::Stderr] {
+            assert!(stdio.attach(s).is_ok());
+            assert_eq!(stdio.attach(s).err(), Some(AttachError::AlreadyAttached(s)));
         }
-        assert_eq!(all, data);
+        let msg = AttachError::AlreadyAttached(StdioStream::Stdout).to_string();
+        assert_eq!(msg, "its stdout is already attached to another connection");
+    }
+
+    /// Removing the process ends an attached copy at once, even while a descendant
+    /// keeps the pipe open and the host keeps reading.
+    #[tokio::test]
+    async fn removing_the_process_closes_its_connections() {
+        let (r, mut w) = pipe();
+        let stdio = Stdio::new(None, r, None);
+        let (guest, mut host) = UnixStream::pair().unwrap();
+        let copy = tokio::spawn(stdio.attach(StdioStream::Stdout).unwrap().run(guest));
+        io::Write::write_all(&mut w, b"partial").unwrap();
+        let mut got = [0u8; 7];
+        host.read_exact(&mut got).await.unwrap();
+        drop(stdio);
+        let ended = tokio::time::timeout(Duration::from_secs(5), copy).await;
+        assert!(ended.is_ok(), "the copy outlived its process");
+        let mut rest = Vec::new();
+        host.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        drop(w);
     }
 }

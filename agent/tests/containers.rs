@@ -5,6 +5,9 @@ mod common;
 
 use common::{code, md5, message, TestAgent};
 use protocols::agent::*;
+use protocols::stdio::StdioStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_output_and_exit_code() {
@@ -63,29 +66,88 @@ async fn stdin_reaches_the_process() {
         .await
         .expect("create");
     let out = agent.read_all("s", "", false);
+    let mut stdin = agent.open_stream("s", "", StdioStream::Stdin).await;
     agent.start_container("s").await.expect("start");
-    let mut req = WriteStreamRequest::new();
-    req.container_id = "s".into();
-    req.data = vec![b'x'; 100_000];
-    let resp = agent
-        .client
-        .write_stdin(common::ctx(), &req)
+    stdin
+        .write_all(&[b'x'; 100_000])
         .await
         .expect("write stdin");
-    assert_eq!(resp.len, 100_000);
-    let mut close = ProcessRequest::new();
-    close.container_id = "s".into();
-    agent
-        .client
-        .close_stdin(common::ctx(), &close)
-        .await
-        .expect("close stdin");
+    // The half-close is the end of the process's stdin.
+    stdin.shutdown().await.expect("close stdin");
     assert_eq!(agent.wait("s", "").await, 0);
     assert_eq!(
         String::from_utf8_lossy(&out.await.expect("stdout")).trim(),
         "100000"
     );
     agent.remove("s").await.expect("remove");
+}
+
+/// Output written before anyone attaches waits in the pipe, also after the process
+/// exited; each stream is attached once; refusals say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_streams_keep_early_output_and_refuse_with_reasons() {
+    let agent = TestAgent::start("stdio").await;
+    let rootfs = agent.rootfs("o");
+    let script = "echo early; echo late >&2";
+    agent
+        .create(
+            "o",
+            agent.spec(&rootfs, &["sh", "-c", script], &[], "/"),
+            false,
+        )
+        .await
+        .expect("create");
+    agent.start_container("o").await.expect("start");
+    assert_eq!(agent.wait("o", "").await, 0);
+    assert_eq!(
+        agent.read_all("o", "", false).await.expect("stdout"),
+        b"early\n"
+    );
+    assert_eq!(
+        agent.read_all("o", "", true).await.expect("stderr"),
+        b"late\n"
+    );
+
+    for (id, exec_id, stream, reason) in [
+        (
+            "o",
+            "",
+            StdioStream::Stdout,
+            "its stdout is already attached",
+        ),
+        ("o", "", StdioStream::Stdin, "started without stdin"),
+        (
+            "o",
+            "e9",
+            StdioStream::Stdout,
+            "container o has no process e9",
+        ),
+        (
+            "nope",
+            "",
+            StdioStream::Stderr,
+            "container nope does not exist",
+        ),
+    ] {
+        let (answer, mut conn) = agent.request_stream(id, exec_id, stream).await;
+        let why = answer.expect_err("a refusal");
+        assert!(why.contains(reason), "{stream} of {id}/{exec_id}: {why}");
+        let mut rest = Vec::new();
+        conn.read_to_end(&mut rest).await.expect("read after ERR");
+        assert!(rest.is_empty(), "a refused connection is closed");
+    }
+
+    let mut conn = UnixStream::connect(agent.stdio_socket())
+        .await
+        .expect("connect");
+    conn.write_all(b"stdio o\n").await.expect("send");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.expect("read");
+    assert!(
+        answer.starts_with("ERR ") && answer.contains("unknown stream"),
+        "{answer:?}"
+    );
+    agent.remove("o").await.expect("remove");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,8 @@ pub mod agent_ttrpc {
     include!(concat!(env!("OUT_DIR"), "/agent_ttrpc.rs"));
 }
 
+pub mod stdio;
+
 /// containerd's runtime options message (`runtimeoptions.v1.Options`), which carries the
 /// `ConfigPath` of a runtime entry to the shim in CreateTask.
 #[allow(clippy::all, unused_mut, unused_imports, unknown_lints, unused_attributes, non_upper_case_globals, non_camel_case_types, unused_results)]
@@ -48,10 +50,9 @@ pub const DEBUG_CONSOLE_PARAM: &str = "agent.debug_console";
 /// (`agent.debug_console_vport=1026`, Kata's spelling).
 pub const DEBUG_CONSOLE_VPORT_PARAM: &str = "agent.debug_console_vport";
 
-/// Bytes of a container's output moved at a time: the agent reads this much from the
-/// process's pipe per read, and the shim asks for this much per `ReadStdout`/`ReadStderr`,
-/// so one request carries a pipe-full (well under ttrpc's 4 MiB message limit).
-pub const STDIO_CHUNK: usize = 1 << 20;
+/// The vsock port of the agent's stdio streams (host only): one connection per stream
+/// of a process, named by its first line; see [`stdio`].
+pub const STDIO_VSOCK_PORT: u32 = 1028;
 
 /// The vsock port of the agent's port forwarder (host only): the host writes the guest
 /// TCP port as a decimal line (`"8080\n"`), the agent answers `"OK\n"` once it is

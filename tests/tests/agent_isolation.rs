@@ -1,7 +1,8 @@
 //! The agent serves the host only. Vsock is not namespaced, so a process in a container
 //! can connect to a guest port through the loopback transport (CID 1, or the guest's own
 //! CID); the agent must close such a connection unanswered, on its API port (1024), on its
-//! port forwarder (1027) and on the bench sink (1025) when that runs at all.
+//! port forwarder (1027), on its stdio streams (1028: another container's output and
+//! stdin) and on the bench sink (1025) when that runs at all.
 //!
 //! The busybox image has no vsock client, so each test compiles a small static probe
 //! (`gcc -static`) and bind-mounts it into the container. The probe sends a real ttrpc
@@ -19,6 +20,7 @@ use e2e_tests::*;
 const AGENT_PORT: u32 = 1024;
 const BENCH_SINK_PORT: u32 = 1025;
 const PORT_FORWARD_PORT: u32 = 1027;
+const STDIO_PORT: u32 = 1028;
 /// The kernel command line word that turns the agent's bench sink on.
 const BENCH_SINK_PARAM: &str = "agent.bench_sink=1";
 
@@ -178,6 +180,17 @@ fn host_connect(sandbox: &str, port: u32) -> UnixStream {
     s
 }
 
+/// Sends `request` to guest `port` from the host and reads the answer to its end.
+fn host_request(sandbox: &str, port: u32, request: &str) -> String {
+    let mut s = host_connect(sandbox, port);
+    s.write_all(request.as_bytes())
+        .unwrap_or_else(|e| panic!("send {request:?} to port {port}: {e}"));
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .unwrap_or_else(|e| panic!("read port {port}'s answer: {e}"));
+    answer
+}
+
 /// The probe's ttrpc Check request, built the same way in Rust.
 fn check_request() -> Vec<u8> {
     let (service, method) = (b"kata.agent.v1.AgentService", b"Check");
@@ -207,6 +220,8 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
         "local:1024",
         "1:1027",
         "local:1027",
+        "1:1028",
+        "local:1028",
         // Without agent.bench_sink=1 nothing listens on 1025.
         "1:1025",
         "local:1025",
@@ -216,6 +231,8 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
     assert_refused_by_listener(&out, "local:1024");
     assert_refused_by_listener(&out, "1:1027");
     assert_refused_by_listener(&out, "local:1027");
+    assert_refused_by_listener(&out, "1:1028");
+    assert_refused_by_listener(&out, "local:1028");
     for label in ["1:1025", "local:1025"] {
         assert_eq!(
             outcome(&out, label),
@@ -246,16 +263,19 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
 
     // Positive control for the port forwarder: the host is answered (nothing serves
     // port 1 in the guest, which the answer says).
-    let mut s = host_connect(id, PORT_FORWARD_PORT);
-    s.write_all(b"1\n").expect("name a port");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .expect("read the forwarder's answer");
+    let answer = host_request(id, PORT_FORWARD_PORT, "1\n");
     assert!(
         answer.starts_with("ERR ") && answer.contains("port 1"),
         "the port forwarder answered {answer:?}"
     );
-    drop(s);
+
+    // Positive control for the stdio streams: the host is answered, and told that the
+    // container's stdout already has its connection (the shim's).
+    let answer = host_request(id, STDIO_PORT, &format!("stdout {id}\n"));
+    assert!(
+        answer.starts_with("ERR ") && answer.contains("already attached"),
+        "the stdio server answered {answer:?}"
+    );
 
     // The refusals did not stop the server: the agent still runs processes.
     let out = exec(&c, id, "after", &[], &["echo", "still-served"]);

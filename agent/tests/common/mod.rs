@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use protocols::agent::*;
 use protocols::agent_ttrpc::AgentServiceClient;
+use protocols::stdio::{StdioRequest, StdioStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 use ttrpc::context::Context;
 
 const APPLETS: &[&str] = &[
@@ -183,33 +186,44 @@ impl TestAgent {
             .status
     }
 
-    /// Reads a stream to its end in a task.
+    /// The agent's stdio socket (`<api socket>.stdio`).
+    pub fn stdio_socket(&self) -> PathBuf {
+        self.dir.join("agent.sock.stdio")
+    }
+
+    /// Asks for one stdio stream of a process: the agent's answer, and the connection.
+    pub async fn request_stream(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stream: StdioStream,
+    ) -> (Result<(), String>, UnixStream) {
+        request_stream(&self.stdio_socket(), id, exec_id, stream).await
+    }
+
+    /// Attaches one stdio stream of a process.
+    pub async fn open_stream(&self, id: &str, exec_id: &str, stream: StdioStream) -> UnixStream {
+        open_stream(&self.stdio_socket(), id, exec_id, stream).await
+    }
+
+    /// Reads an output stream to its end in a task.
     pub fn read_all(
         &self,
         id: &str,
         exec_id: &str,
         stderr: bool,
     ) -> tokio::task::JoinHandle<Vec<u8>> {
-        let client = self.client.clone();
-        let (id, exec_id) = (id.to_string(), exec_id.to_string());
+        let (socket, id, exec_id) = (self.stdio_socket(), id.to_string(), exec_id.to_string());
+        let stream = if stderr {
+            StdioStream::Stderr
+        } else {
+            StdioStream::Stdout
+        };
         tokio::spawn(async move {
+            let mut conn = open_stream(&socket, &id, &exec_id, stream).await;
             let mut out = Vec::new();
-            loop {
-                let mut req = ReadStreamRequest::new();
-                req.container_id = id.clone();
-                req.exec_id = exec_id.clone();
-                req.len = 1 << 20;
-                let resp = if stderr {
-                    client.read_stderr(ctx(), &req).await
-                } else {
-                    client.read_stdout(ctx(), &req).await
-                };
-                let data = resp.expect("read stream").data;
-                if data.is_empty() {
-                    return out;
-                }
-                out.extend(data);
-            }
+            conn.read_to_end(&mut out).await.expect("read the stream");
+            out
         })
     }
 
@@ -234,6 +248,45 @@ impl TestAgent {
         let err = err.await.expect("stderr task");
         (status, out, err)
     }
+}
+
+/// Sends the request line for `stream` on the agent's stdio socket `socket` and reads
+/// the answer line, leaving the stream's bytes in the connection.
+pub async fn request_stream(
+    socket: &Path,
+    id: &str,
+    exec_id: &str,
+    stream: StdioStream,
+) -> (Result<(), String>, UnixStream) {
+    let mut conn = UnixStream::connect(socket)
+        .await
+        .expect("connect to the agent's stdio socket");
+    let req = StdioRequest {
+        container_id: id.into(),
+        exec_id: exec_id.into(),
+        stream,
+    };
+    conn.write_all(req.line().expect("request line").as_bytes())
+        .await
+        .expect("send the stdio request");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while byte[0] != b'\n' {
+        if conn.read(&mut byte).await.expect("read the answer") == 0 {
+            break;
+        }
+        line.push(byte[0]);
+    }
+    let answer = protocols::stdio::parse_answer(&String::from_utf8_lossy(&line));
+    (answer.map_err(|e| e.to_string()), conn)
+}
+
+async fn open_stream(socket: &Path, id: &str, exec_id: &str, stream: StdioStream) -> UnixStream {
+    let (answer, conn) = request_stream(socket, id, exec_id, stream).await;
+    if let Err(why) = answer {
+        panic!("the agent refused {stream} of {id}/{exec_id}: {why}");
+    }
+    conn
 }
 
 pub fn md5(data: &[u8]) -> String {

@@ -37,18 +37,25 @@ pub fn spec(
     serde_json::to_vec(&spec).expect("encode spec")
 }
 
-/// Creates, starts and waits; returns (status, stdout, stderr) as text.
+/// Creates, starts and waits; returns (status, stdout, stderr) as text. A terminal has
+/// no stderr of its own (it is merged into stdout): empty.
 pub async fn run(agent: &TestAgent, id: &str, spec: Vec<u8>) -> (i32, String, String) {
+    let terminal = serde_json::from_slice::<Value>(&spec)
+        .map(|s| s["process"]["terminal"] == true)
+        .unwrap_or(false);
     agent
         .create(id, spec, false)
         .await
         .expect("create container");
     let out = agent.read_all(id, "", false);
-    let err = agent.read_all(id, "", true);
+    let err = (!terminal).then(|| agent.read_all(id, "", true));
     agent.start_container(id).await.expect("start container");
     let status = agent.wait(id, "").await;
     let out = String::from_utf8_lossy(&out.await.expect("stdout")).into_owned();
-    let err = String::from_utf8_lossy(&err.await.expect("stderr")).into_owned();
+    let err = match err {
+        Some(err) => String::from_utf8_lossy(&err.await.expect("stderr")).into_owned(),
+        None => String::new(),
+    };
     agent.remove(id).await.expect("remove container");
     (status, out, err)
 }

@@ -1,20 +1,42 @@
 //! [`KataAgent`]: dials the hybrid vsock unix socket the VMM side exposes, performs the
 //! `CONNECT <port>` handshake, and speaks ttrpc over the stream, each request with its
-//! [`Deadline`] and cancelled when the VM is gone.
+//! [`Deadline`] and cancelled when the VM is gone. Stdio streams dial the same socket,
+//! one connection each (`protocols::stdio`).
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use protocols::agent::*;
 use protocols::agent_ttrpc::AgentServiceClient;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use protocols::stdio::{process_name, StdioRequest, StdioStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-use super::{Agent, AgentError, Deadline, Result};
+use super::{Agent, AgentError, Deadline, Result, VmGone};
+
+/// The longest answer line read from the agent's stdio port (an `ERR` reason included).
+const MAX_ANSWER_LINE: usize = 4096;
+
+/// Reads one line of at most `max` bytes, byte by byte: whatever follows the newline
+/// belongs to the guest and stays in the stream.
+async fn read_line_unbuffered(stream: &mut UnixStream, max: usize) -> std::io::Result<String> {
+    let mut line = Vec::with_capacity(16);
+    let mut byte = [0u8; 1];
+    while line.len() < max {
+        if stream.read(&mut byte).await? == 0 {
+            break;
+        }
+        line.push(byte[0]);
+        if byte[0] == b'\n' {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
 
 /// Connects to `socket` and asks the VMM side for guest `port`; returns the raw stream
 /// positioned after the `OK` line.
@@ -23,11 +45,7 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
     stream
         .write_all(format!("CONNECT {port}\n").as_bytes())
         .await?;
-    // Read the reply byte by byte: anything after the newline belongs to the guest.
-    let mut line = Vec::with_capacity(16);
-    let mut reader = BufReader::with_capacity(1, &mut stream);
-    reader.read_until(b'\n', &mut line).await?;
-    let reply = String::from_utf8_lossy(&line);
+    let reply = read_line_unbuffered(&mut stream, MAX_ANSWER_LINE).await?;
     if !reply.to_ascii_uppercase().starts_with("OK") {
         return Err(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
@@ -44,6 +62,8 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
 #[derive(Clone)]
 pub struct KataAgent {
     client: AgentServiceClient,
+    /// The hybrid vsock socket, which stdio streams dial.
+    socket: PathBuf,
     /// Why the VM is gone, once it is.
     gone: Arc<watch::Sender<Option<String>>>,
 }
@@ -56,11 +76,13 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl KataAgent {
-    /// A client speaking ttrpc on `stream`, already connected to the agent.
-    fn over(stream: UnixStream) -> Self {
+    /// A client speaking ttrpc on `stream`, already connected to the agent through the
+    /// hybrid vsock socket `socket`.
+    fn over(stream: UnixStream, socket: &Path) -> Self {
         let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::from(stream));
         KataAgent {
             client: AgentServiceClient::new(client),
+            socket: socket.to_path_buf(),
             gone: Arc::new(watch::channel(None).0),
         }
     }
@@ -93,7 +115,7 @@ impl KataAgent {
             });
             match attempt {
                 Ok(stream) => {
-                    let agent = KataAgent::over(stream);
+                    let agent = KataAgent::over(stream, socket);
                     let ctx = ttrpc::context::with_duration(CHECK_TIMEOUT);
                     let empty = Empty::new();
                     let check = agent.client.check(ctx, &empty);
@@ -243,46 +265,41 @@ impl Agent for KataAgent {
         Ok(self.call("ListProcesses", Deadline::Control, r).await?.pids)
     }
 
-    async fn read_stream(
-        &self,
-        id: &str,
-        exec_id: &str,
-        stderr: bool,
-        len: u32,
-    ) -> Result<Vec<u8>> {
-        let req = ReadStreamRequest {
+    async fn open_stdio(&self, id: &str, exec_id: &str, stream: StdioStream) -> Result<UnixStream> {
+        let failed = |why: String| AgentError::Stdio {
+            stream,
+            process: process_name(id, exec_id),
+            why,
+        };
+        let line = StdioRequest {
             container_id: id.to_string(),
             exec_id: exec_id.to_string(),
-            len,
-            ..Default::default()
+            stream,
+        }
+        .line()
+        .map_err(|e| failed(e.to_string()))?;
+        let attach = async {
+            let mut conn = hybrid_vsock_connect(&self.socket, protocols::STDIO_VSOCK_PORT)
+                .await
+                .map_err(|e| {
+                    failed(format!("connecting through {}: {e}", self.socket.display()))
+                })?;
+            conn.write_all(line.as_bytes())
+                .await
+                .map_err(|e| failed(format!("sending the request: {e}")))?;
+            let answer = read_line_unbuffered(&mut conn, MAX_ANSWER_LINE)
+                .await
+                .map_err(|e| failed(format!("reading the agent's answer: {e}")))?;
+            protocols::stdio::parse_answer(&answer).map_err(|e| failed(e.to_string()))?;
+            Ok::<_, AgentError>(conn)
         };
-        let resp = if stderr {
-            let r = self.client.read_stderr(ctx(), &req);
-            self.call("ReadStderr", Deadline::None, r).await?
-        } else {
-            let r = self.client.read_stdout(ctx(), &req);
-            self.call("ReadStdout", Deadline::None, r).await?
-        };
-        Ok(resp.data)
+        // Attaching is prompt work in the guest: it has the Control deadline.
+        self.call("OpenStdio", Deadline::Control, async { Ok(attach.await) })
+            .await?
     }
 
-    async fn write_stdin(&self, id: &str, exec_id: &str, data: Vec<u8>) -> Result<u32> {
-        let req = WriteStreamRequest {
-            container_id: id.to_string(),
-            exec_id: exec_id.to_string(),
-            data,
-            ..Default::default()
-        };
-        // Blocks while the process does not read its stdin: a long poll.
-        let r = self.client.write_stdin(ctx(), &req);
-        Ok(self.call("WriteStdin", Deadline::None, r).await?.len)
-    }
-
-    async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
-        let req = process_req(id, exec_id);
-        let r = self.client.close_stdin(ctx(), &req);
-        self.call("CloseStdin", Deadline::Control, r).await?;
-        Ok(())
+    fn vm_gone(&self) -> VmGone {
+        VmGone::new(self.gone.subscribe())
     }
 
     async fn tty_win_resize(&self, id: &str, exec_id: &str, rows: u32, columns: u32) -> Result<()> {
@@ -435,6 +452,68 @@ mod tests {
         assert!(err.to_string().contains(&format!("pid {pid}")), "{err}");
     }
 
+    /// A hybrid vsock socket whose guest answers one stdio request with `answer`, and
+    /// sends the request line it got back through the returned task.
+    fn stdio_guest(
+        dir: &Path,
+        answer: &'static [u8],
+    ) -> (KataAgent, tokio::task::JoinHandle<String>) {
+        let sock = dir.join("kata.hvsock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let guest = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let connect = read_line_unbuffered(&mut s, 64).await.unwrap();
+            assert_eq!(
+                connect,
+                format!("CONNECT {}\n", protocols::STDIO_VSOCK_PORT)
+            );
+            s.write_all(b"OK 1073741825\n").await.unwrap();
+            let request = read_line_unbuffered(&mut s, 512).await.unwrap();
+            s.write_all(answer).await.unwrap();
+            request
+        });
+        let api = std::os::unix::net::UnixStream::pair().unwrap().0;
+        api.set_nonblocking(true).unwrap();
+        let agent = KataAgent::over(UnixStream::from_std(api).unwrap(), &sock);
+        (agent, guest)
+    }
+
+    #[tokio::test]
+    async fn a_stdio_stream_names_its_process_and_keeps_the_bytes_after_ok() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, guest) = stdio_guest(dir.path(), b"OK\nfirst bytes");
+        let mut conn = agent
+            .open_stdio("c1", "e1", StdioStream::Stderr)
+            .await
+            .unwrap();
+        assert_eq!(guest.await.unwrap(), "stderr c1 e1\n");
+        let mut rest = String::new();
+        conn.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(rest, "first bytes");
+    }
+
+    #[tokio::test]
+    async fn a_refused_stdio_stream_says_which_and_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, guest) = stdio_guest(dir.path(), b"ERR container c1 does not exist\n");
+        let err = agent
+            .open_stdio("c1", "", StdioStream::Stdout)
+            .await
+            .unwrap_err();
+        assert_eq!(guest.await.unwrap(), "stdout c1\n");
+        assert_eq!(
+            err.to_string(),
+            "cannot attach stdout of the init process of container c1: container c1 does \
+             not exist"
+        );
+        agent.disconnect("the VMM (pid 3) exited");
+        let gone = agent
+            .open_stdio("c1", "", StdioStream::Stdout)
+            .await
+            .unwrap_err();
+        assert!(gone.vm_gone(), "{gone}");
+    }
+
     /// A guest that accepts requests and never answers them.
     fn silent_guest(name: &str) -> (tempfile::TempDir, KataAgent, tokio::task::JoinHandle<()>) {
         let dir = tempfile::tempdir().unwrap();
@@ -447,7 +526,7 @@ mod tests {
         });
         let stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
         stream.set_nonblocking(true).unwrap();
-        let agent = KataAgent::over(UnixStream::from_std(stream).unwrap());
+        let agent = KataAgent::over(UnixStream::from_std(stream).unwrap(), &sock);
         (dir, agent, server)
     }
 

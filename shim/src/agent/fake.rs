@@ -3,16 +3,21 @@
 //! disconnect that fails every request the way [`KataAgent`](super::KataAgent) does.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use protocols::agent::StatsContainerResponse;
+use protocols::stdio::StdioStream;
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-use super::{Agent, AgentError, Result};
+use super::{Agent, AgentError, Result, VmGone};
 
 /// Exit status per `(container, exec id)` once the process has exited.
 type Exits = HashMap<(String, String), watch::Sender<Option<i32>>>;
+/// What reached a process's stdin, per `(container, exec id)`, once the shim closed it.
+pub type StdinSeen = Arc<Mutex<HashMap<(String, String), Vec<u8>>>>;
 
 #[derive(Default)]
 pub struct FakeAgent {
@@ -20,6 +25,7 @@ pub struct FakeAgent {
     gone: Mutex<Option<watch::Sender<Option<String>>>>,
     /// Every request made, as `op container exec`, in order.
     pub calls: Mutex<Vec<String>>,
+    pub stdin: StdinSeen,
 }
 
 impl FakeAgent {
@@ -166,22 +172,36 @@ impl Agent for FakeAgent {
         self.serve("ListProcesses", async { Ok(vec![1]) }).await
     }
 
-    async fn read_stream(&self, id: &str, exec_id: &str, _e: bool, _l: u32) -> Result<Vec<u8>> {
-        // The stream ends when the process does.
-        self.serve("ReadStream", async {
-            self.wait_exit(id, exec_id).await;
-            Ok(Vec::new())
+    /// Output streams end when the process exits (with no bytes); stdin is read until
+    /// the shim closes it, and then found in [`FakeAgent::stdin`].
+    async fn open_stdio(&self, id: &str, exec_id: &str, stream: StdioStream) -> Result<UnixStream> {
+        self.record(&format!("OpenStdio {stream}"), id, exec_id);
+        let mut exit = self.process(id, exec_id).subscribe();
+        let (seen, key) = (self.stdin.clone(), (id.to_string(), exec_id.to_string()));
+        self.serve("OpenStdio", async move {
+            let (shim_end, mut guest_end) = UnixStream::pair().map_err(|e| AgentError::Stdio {
+                stream,
+                process: protocols::stdio::process_name(id, exec_id),
+                why: e.to_string(),
+            })?;
+            tokio::spawn(async move {
+                if stream == StdioStream::Stdin {
+                    let mut got = Vec::new();
+                    let _ = guest_end.read_to_end(&mut got).await;
+                    if let Ok(mut seen) = seen.lock() {
+                        seen.insert(key, got);
+                    }
+                } else {
+                    let _ = exit.wait_for(Option::is_some).await;
+                }
+            });
+            Ok(shim_end)
         })
         .await
     }
 
-    async fn write_stdin(&self, _id: &str, _x: &str, data: Vec<u8>) -> Result<u32> {
-        self.serve("WriteStdin", async { Ok(data.len() as u32) })
-            .await
-    }
-
-    async fn close_stdin(&self, _id: &str, _x: &str) -> Result<()> {
-        self.serve("CloseStdin", async { Ok(()) }).await
+    fn vm_gone(&self) -> VmGone {
+        VmGone::new(self.gone_rx())
     }
 
     async fn tty_win_resize(&self, _id: &str, _x: &str, _r: u32, _c: u32) -> Result<()> {

@@ -3,9 +3,13 @@
 //!
 //! Two rules hold for every request, so that no RPC of the shim can hang on a guest:
 //! - a request that should answer promptly has a deadline fitting it (see
-//!   [`Deadline`]); waits and stream reads are long polls without one;
+//!   [`Deadline`]); waits are long polls without one;
 //! - once the VM is known to be gone ([`Agent::disconnect`]), every pending and later
-//!   request fails at once with [`AgentError::VmGone`], long polls included.
+//!   request fails at once with [`AgentError::VmGone`], long polls included, and
+//!   [`Agent::vm_gone`] tells whoever holds a stdio stream (`crate::io`) to let go.
+//!
+//! Stdio is no request: each stream of a process is a connection of its own to the
+//! agent ([`Agent::open_stdio`], `protocols::stdio`), which then carries plain bytes.
 //!
 //! The trait is the seam unit tests use to drive the Task state machine without a VM.
 
@@ -18,6 +22,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use protocols::agent::StatsContainerResponse;
+use protocols::stdio::StdioStream;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
 
 pub use client::{hybrid_vsock_connect, KataAgent};
 
@@ -44,6 +51,12 @@ pub enum AgentError {
     Timeout { op: &'static str, after: Duration },
     #[error("agent request {op} cannot be served: the sandbox VM is gone ({cause})")]
     VmGone { op: &'static str, cause: String },
+    #[error("cannot attach {stream} of {process}: {why}")]
+    Stdio {
+        stream: StdioStream,
+        process: String,
+        why: String,
+    },
 }
 
 impl AgentError {
@@ -54,6 +67,24 @@ impl AgentError {
 }
 
 pub type Result<T> = std::result::Result<T, AgentError>;
+
+/// Tells when the sandbox's VM is gone (see [`Agent::disconnect`]).
+#[derive(Clone)]
+pub struct VmGone(watch::Receiver<Option<String>>);
+
+impl VmGone {
+    pub fn new(rx: watch::Receiver<Option<String>>) -> Self {
+        VmGone(rx)
+    }
+
+    /// Resolves with the cause once the VM is gone; never while it runs.
+    pub async fn wait(&mut self) -> String {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(cause) => cause.clone().unwrap_or_default(),
+            Err(_) => "the sandbox's agent connection was dropped".to_string(),
+        }
+    }
+}
 
 /// How long a request may take before the shim gives up on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,11 +138,12 @@ pub trait Agent: Send + Sync {
     /// The process's exit status once it has exited.
     async fn wait_process(&self, id: &str, exec_id: &str) -> Result<i32>;
     async fn list_processes(&self, id: &str) -> Result<Vec<i32>>;
-    /// Up to `len` bytes of the process's stdout (or stderr); empty at end of stream.
-    async fn read_stream(&self, id: &str, exec_id: &str, stderr: bool, len: u32)
-        -> Result<Vec<u8>>;
-    async fn write_stdin(&self, id: &str, exec_id: &str, data: Vec<u8>) -> Result<u32>;
-    async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()>;
+    /// Attaches `stream` of the process: a connection that carries the stream's bytes
+    /// (an output stream until the process's end of file; stdin until the shim's
+    /// half-close, which ends the process's stdin).
+    async fn open_stdio(&self, id: &str, exec_id: &str, stream: StdioStream) -> Result<UnixStream>;
+    /// Tells when the VM is gone.
+    fn vm_gone(&self) -> VmGone;
     async fn tty_win_resize(&self, id: &str, exec_id: &str, rows: u32, columns: u32) -> Result<()>;
     async fn pause_container(&self, id: &str) -> Result<()>;
     async fn resume_container(&self, id: &str) -> Result<()>;
