@@ -23,4 +23,5 @@ pub mod rpc;
 pub mod sandbox;
 pub mod spec;
 pub mod stage;
+pub mod stage_pool;
 pub mod stdio;
