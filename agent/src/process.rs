@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 
 use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
-use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage};
+use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, StageMode};
 use crate::stage_pool::StagePool;
 use crate::stdio::{self, OutputStream, SharedFd};
 
@@ -83,8 +83,9 @@ pub async fn launch(
     config: StageConfig,
     terminal: Option<&Path>,
     with_stdin: bool,
-    with_start: bool,
 ) -> Result<Launched> {
+    // A new container waits on its start pipe; an exec'd process runs at once.
+    let with_start = matches!(config.mode, StageMode::Create { .. });
     let io_err =
         |what: &str, e: &dyn std::fmt::Display| AgentError::Internal(format!("{what}: {e}"));
     let start = if with_start {

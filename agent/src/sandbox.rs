@@ -171,7 +171,6 @@ impl Sandbox {
             config,
             terminal,
             stdin,
-            true,
         )
         .await
         {
@@ -292,7 +291,6 @@ impl Sandbox {
             config,
             terminal,
             stdin,
-            false,
         )
         .await
         .map_err(|e| e.context(&format!("exec in container {id}")))?;
