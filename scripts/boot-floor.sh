@@ -31,8 +31,15 @@ tcg_params=""
 case "$accel" in
 tcg)
     cpu=${FLOOR_CPU:-max}
-    # As the runtime boots under TCG (hypervisor/src/qemu/cmdline.rs, TCG_KERNEL_PARAMS).
+    # As the runtime boots under TCG (hypervisor/src/qemu/cmdline.rs, TCG_KERNEL_PARAMS),
+    # with the host TSC frequency the runtime measured for this boot, if it did
+    # (hypervisor/src/accel/tsc.rs: "<boot id> <kHz>").
     tcg_params="init_on_alloc=1 nolapic_timer"
+    tsc_cache=/run/kata-containers/tsc-khz
+    if [ -r "$tsc_cache" ] && read -r tsc_boot tsc_khz <"$tsc_cache" &&
+        [ "$tsc_boot" = "$(cat /proc/sys/kernel/random/boot_id)" ]; then
+        tcg_params="$tcg_params tsc_early_khz=$tsc_khz tsc=reliable"
+    fi
     ;;
 kvm)
     [ -r /dev/kvm ] && [ -w /dev/kvm ] || die "accel kvm asked for but /dev/kvm is not usable"
@@ -55,7 +62,7 @@ trap 'rm -f "$log"' EXIT
 start=$(date +%s%N)
 set +e
 timeout --kill-after=5 "$timeout_s" "$QEMU" \
-    -M "microvm,accel=$accel,acpi=off,$machine_opts" \
+    -M "microvm,acpi=off,$machine_opts" -accel "$accel${tcg_params:+,tb-size=64}" \
     -cpu "$cpu" -m 256M \
     -object memory-backend-memfd,id=mem,size=256M,share=on -machine memory-backend=mem \
     -nodefaults -no-user-config -nographic -no-reboot \

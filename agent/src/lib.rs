@@ -24,5 +24,6 @@ pub mod rpc;
 pub mod sandbox;
 pub mod spec;
 pub mod stage;
+pub mod stage_pool;
 pub mod stdio;
 pub mod stdio_streams;

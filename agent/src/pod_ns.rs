@@ -62,8 +62,27 @@ impl PodNamespaces {
     }
 }
 
-fn bind(source: &str, target: &Path) -> Result<(), String> {
-    std::fs::File::create(target).map_err(|e| format!("create {}: {e}", target.display()))?;
+/// Why a namespace could not be kept.
+#[derive(Debug, thiserror::Error)]
+enum BindError {
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot bind {source_path} on {}: {source}", path.display())]
+    Mount {
+        source_path: String,
+        path: std::path::PathBuf,
+        source: nix::Error,
+    },
+}
+
+fn bind(source: &str, target: &Path) -> Result<(), BindError> {
+    std::fs::File::create(target).map_err(|e| BindError::Create {
+        path: target.to_path_buf(),
+        source: e,
+    })?;
     mount(
         Some(source),
         target,
@@ -71,5 +90,9 @@ fn bind(source: &str, target: &Path) -> Result<(), String> {
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| format!("bind {source} on {}: {e}", target.display()))
+    .map_err(|e| BindError::Mount {
+        source_path: source.to_string(),
+        path: target.to_path_buf(),
+        source: e,
+    })
 }

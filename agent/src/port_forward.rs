@@ -21,6 +21,15 @@ const MAX_REQUEST: usize = 16;
 /// How long the host may take to name the port.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a forward request was refused; the text goes back to the host after `ERR `.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("reading the request: {0}")]
+    Read(std::io::Error),
+    #[error("{0:?} is not a TCP port (1-65535)")]
+    NotAPort(String),
+}
+
 /// Starts the forwarder on its vsock port; failures are logged (pods then have no
 /// port-forward, and nothing else changes).
 pub fn start(log: Logger) {
@@ -68,18 +77,18 @@ async fn answer<S: AsyncWrite + Unpin>(conn: &mut S, line: &str) -> std::io::Res
     conn.shutdown().await
 }
 
-async fn read_port<S: AsyncRead + Unpin>(conn: &mut BufReader<S>) -> Result<u16, String> {
+async fn read_port<S: AsyncRead + Unpin>(conn: &mut BufReader<S>) -> Result<u16, RequestError> {
     let mut line = Vec::new();
     let mut limited = (&mut *conn).take(MAX_REQUEST as u64);
     limited
         .read_until(b'\n', &mut line)
         .await
-        .map_err(|e| format!("reading the request: {e}"))?;
+        .map_err(RequestError::Read)?;
     let text = std::str::from_utf8(&line).unwrap_or("").trim();
     text.parse::<u16>()
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("{text:?} is not a TCP port (1-65535)"))
+        .ok_or_else(|| RequestError::NotAPort(text.to_string()))
 }
 
 #[cfg(test)]

@@ -3,18 +3,16 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use nix::fcntl::OFlag;
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::pipe2;
 use slog::{info, Logger};
 
 use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
-use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, STAGE_ARG};
+use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, StageMode};
+use crate::stage_pool::StagePool;
 use crate::stdio::{self, SharedFd};
 
 /// A launched container process.
@@ -58,41 +56,30 @@ impl Process {
 pub async fn launch(
     log: &Logger,
     reaper: &Reaper,
+    stages: &StagePool,
     exec_id: &str,
     config: StageConfig,
     terminal: Option<&Path>,
     with_stdin: bool,
-    with_start: bool,
 ) -> Result<Launched> {
+    // A new container waits on its start pipe; an exec'd process runs at once.
+    let with_start = matches!(config.mode, StageMode::Create { .. });
     let io_err =
         |what: &str, e: &dyn std::fmt::Display| AgentError::Internal(format!("{what}: {e}"));
-    let (config_r, config_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("config pipe", &e))?;
-    let (sync_agent, sync_stage) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| io_err("sync socket", &e))?;
     let start = if with_start {
         Some(pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("start pipe", &e))?)
     } else {
         None
     };
 
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg(STAGE_ARG);
+    // The process's ends of its stdio, handed to the stage; the agent keeps the others.
+    let child_stdio: [OwnedFd; 3];
     let (stdout, stderr, stdin_w, tty);
     if let Some(devpts) = terminal {
         let (master, slave) = crate::devpts::open_pty(devpts)
             .map_err(|e| io_err(&format!("open a terminal in {}", devpts.display()), &e))?;
-        cmd.stdin(Stdio::from(
-            slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
-        ));
-        cmd.stdout(Stdio::from(
-            slave.try_clone().map_err(|e| io_err("dup pty", &e))?,
-        ));
-        cmd.stderr(Stdio::from(slave));
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| io_err("dup pty", &e));
+        child_stdio = [dup(&slave)?, dup(&slave)?, slave];
         let master = stdio::async_fd(master).map_err(|e| io_err("pty master", &e))?;
         stdout = master.clone();
         stderr = None;
@@ -106,52 +93,48 @@ pub async fn launch(
             out_r.as_raw_fd(),
             nix::fcntl::FcntlArg::F_SETPIPE_SZ(stdio::PIPE_SIZE),
         );
-        cmd.stdout(Stdio::from(out_w));
-        cmd.stderr(Stdio::from(err_w));
-        if with_stdin {
+        let child_stdin = if with_stdin {
             let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("stdin pipe", &e))?;
-            cmd.stdin(Stdio::from(in_r));
             stdin_w = Some(stdio::async_fd(in_w).map_err(|e| io_err("stdin pipe", &e))?);
+            in_r
         } else {
-            cmd.stdin(Stdio::null());
             stdin_w = None;
-        }
+            OwnedFd::from(
+                std::fs::File::open("/dev/null").map_err(|e| io_err("open /dev/null", &e))?,
+            )
+        };
+        child_stdio = [child_stdin, out_w, err_w];
         stdout = stdio::async_fd(out_r).map_err(|e| io_err("stdout pipe", &e))?;
         stderr = Some(stdio::async_fd(err_r).map_err(|e| io_err("stderr pipe", &e))?);
         tty = None;
     }
 
-    let mut fds: Vec<(RawFd, RawFd)> = vec![
-        (config_r.as_raw_fd(), protocol::CONFIG_FD),
-        (sync_stage.as_raw_fd(), protocol::SYNC_FD),
-    ];
-    if let Some((start_r, _)) = &start {
-        fds.push((start_r.as_raw_fd(), protocol::START_FD));
-    }
-    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
-    // dup2, which are async-signal-safe; `fds` is moved in and not reallocated.
-    unsafe {
-        cmd.pre_exec(move || place_fds(&fds));
-    }
-    let child = cmd
-        .spawn()
+    let stage = stages
+        .take()
         .map_err(|e| io_err("start container stage", &e))?;
-    info!(log, "container stage started"; "exec_id" => exec_id, "stage_pid" => child.id());
-    // The reaper owns all children: dropping `Child` does not wait for it.
-    drop(child);
-    drop((config_r, sync_stage));
+    info!(log, "container stage taken"; "exec_id" => exec_id, "stage_pid" => stage.pid);
+    let mut passed: Vec<RawFd> = child_stdio.iter().map(|fd| fd.as_raw_fd()).collect();
     let start_w = start.map(|(r, w)| {
+        passed.push(r.as_raw_fd());
+        (r, w)
+    });
+    protocol::send_fds(stage.sync.as_fd(), &passed)
+        .map_err(|e| io_err("hand the process its stdio", &e))?;
+    // The stage holds its own copies now.
+    drop(child_stdio);
+    let start_w = start_w.map(|(r, w)| {
         drop(r);
         w
     });
 
     let bytes = serde_json::to_vec(&config).map_err(|e| io_err("encode stage config", &e))?;
+    let config_w = stage.config;
     tokio::task::spawn_blocking(move || std::fs::File::from(config_w).write_all(&bytes))
         .await
         .map_err(|e| io_err("send stage config", &e))?
         .map_err(|e| io_err("send stage config", &e))?;
 
-    let (sync, pid, exit) = handshake(log.clone(), reaper, sync_agent, with_start).await?;
+    let (sync, pid, exit) = handshake(log.clone(), reaper, stage.sync, with_start).await?;
     let process = Process {
         exec_id: exec_id.to_string(),
         pid,
@@ -235,25 +218,4 @@ async fn next_message(sync: OwnedFd) -> Result<(OwnedFd, Option<StageMessage>)> 
         msg.map(|m| (fd, m))
             .map_err(|e| AgentError::Internal(format!("read from container stage: {e}")))
     })
-}
-
-/// Moves each source fd to its fixed number, without CLOEXEC. Sources are first copied
-/// above every target so that no dup2 clobbers a source not yet moved.
-fn place_fds(fds: &[(RawFd, RawFd)]) -> std::io::Result<()> {
-    let mut high = [0 as RawFd; 3];
-    for (i, (src, _)) in fds.iter().enumerate() {
-        // SAFETY: F_DUPFD_CLOEXEC on an fd we own creates a new fd; no memory involved.
-        let fd = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        high[i] = fd;
-    }
-    for (i, (_, dst)) in fds.iter().enumerate() {
-        // SAFETY: dup2 between two fds of this process; the new fd has CLOEXEC cleared.
-        if unsafe { libc::dup2(high[i], *dst) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

@@ -18,6 +18,7 @@ use crate::process::{self, Process};
 use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
 use crate::stage::protocol::{StageConfig, StageMode};
+use crate::stage_pool::StagePool;
 
 pub struct Sandbox {
     pub log: Logger,
@@ -28,6 +29,8 @@ pub struct Sandbox {
     /// Where the pod's shared namespaces are kept, and which container they belong to.
     pod_ns: PodNamespaces,
     pod_sandbox: std::sync::Mutex<Option<String>>,
+    /// A container stage started ahead, for the next create or exec.
+    stages: StagePool,
 }
 
 impl Sandbox {
@@ -38,6 +41,7 @@ impl Sandbox {
         }
         Sandbox {
             oom: OomWatcher::start(log.clone()),
+            stages: StagePool::start(log.clone()),
             log,
             reaper,
             cgroups,
@@ -159,21 +163,29 @@ impl Sandbox {
             },
             cgroup: cgroup.as_ref().map(|p| p.display().to_string()),
         };
-        let launched =
-            match process::launch(&self.log, &self.reaper, "", config, terminal, stdin, true).await
-            {
-                Ok(l) => l,
-                Err(e) => {
-                    if let Some(dir) = &cgroup {
-                        self.oom.unwatch(id);
-                        let _ = crate::cgroup::remove(dir).await;
-                    }
-                    if let Some(dir) = &devpts {
-                        crate::devpts::unmount_instance(dir);
-                    }
-                    return Err(e.context(&format!("create container {id}")));
+        let launched = match process::launch(
+            &self.log,
+            &self.reaper,
+            &self.stages,
+            "",
+            config,
+            terminal,
+            stdin,
+        )
+        .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(dir) = &cgroup {
+                    self.oom.unwatch(id);
+                    let _ = crate::cgroup::remove(dir).await;
                 }
-            };
+                if let Some(dir) = &devpts {
+                    crate::devpts::unmount_instance(dir);
+                }
+                return Err(e.context(&format!("create container {id}")));
+            }
+        };
         let start = launched
             .start
             .ok_or_else(|| AgentError::Internal("no start pipe".into()))?;
@@ -274,11 +286,11 @@ impl Sandbox {
         let launched = process::launch(
             &self.log,
             &self.reaper,
+            &self.stages,
             exec_id,
             config,
             terminal,
             stdin,
-            false,
         )
         .await
         .map_err(|e| e.context(&format!("exec in container {id}")))?;
@@ -369,6 +381,7 @@ impl Sandbox {
         for c in all {
             c.destroy(&self.log, &self.oom).await;
         }
+        self.stages.shutdown();
         if let Ok(mut p) = self.pod_sandbox.lock() {
             if p.take().is_some() {
                 self.pod_ns.unpin();

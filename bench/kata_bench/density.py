@@ -9,8 +9,10 @@ from .procs import reap, spawn
 from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
 
 
-def density_once(h, side):
-    ids = [h.new_id(side[0] + "d") for _ in range(DENSITY)]
+def density_once(h, side, count=DENSITY, remove=True):
+    """`count` sandboxes of `side` started at once; removed again unless `remove` is
+    false (their ids are then in the result's "ids", for the caller to remove)."""
+    ids = [h.new_id(side[0] + "d") for _ in range(count)]
     before = mem_available_kib()
     m0 = time.monotonic()
     procs = {cid: spawn(h.run_args(side, cid, ["sleep", "600"], detach=True, rm=False),
@@ -25,7 +27,7 @@ def density_once(h, side):
                 failed.add(cid)
         st = h.tasks()
         running = {c for c in ids if st.get(c) == "RUNNING"}
-        if len(running) + len(failed - running) >= DENSITY and \
+        if len(running) + len(failed - running) >= count and \
                 all(p.poll() is not None for p in procs.values()):
             t_all = (time.monotonic() - m0) * 1000
             break
@@ -37,8 +39,10 @@ def density_once(h, side):
         rc, _, err = reap(p, 5)
         if rc != 0:
             log("%s density: ctr run -d %s failed (rc %s): %s" % (side, cid, rc, err.strip()[-300:]))
-    lost = DENSITY - len(running)
+    lost = count - len(running)
     used = (before - after) / 1024
+    if not remove:
+        return {"ids": ids, "lost": lost, "all_running_ms": t_all, "mem_mib": used}
     h.remove(ids)
     left = [d for d in our_sandboxes() if any(d.endswith("/" + c) for c in ids)]
     deadline = time.monotonic() + 30

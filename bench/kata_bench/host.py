@@ -73,3 +73,34 @@ def listing(root):
     except FileNotFoundError:
         return []
 
+
+
+def qemu_memory_kib(pid):
+    """QEMU's PSS split by what it holds: the guest's RAM (the memory-backend mapping), TCG's
+    translation cache (the one large anonymous mapping, sized by tb-size; absent under
+    KVM), files it maps (its binary, libraries, the guest kernel and initrd: page cache
+    shared with every other QEMU) and the rest (its own heap and state)."""
+    out = {"guest_ram": 0, "tcg_cache": 0, "files": 0, "other": 0}
+    try:
+        f = open("/proc/%d/smaps" % pid)
+    except OSError:
+        return None
+    with f:
+        role = None
+        for line in f:
+            first = line.split(None, 1)[0]
+            if "-" in first and ":" not in first:
+                parts = line.split()
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                name = parts[5] if len(parts) > 5 else ""
+                if "memory-backend" in name:
+                    role = "guest_ram"
+                elif name.startswith("/"):
+                    role = "files"
+                elif not name and hi - lo >= 32 << 20:
+                    role = "tcg_cache"
+                else:
+                    role = "other"
+            elif line.startswith("Pss:") and role:
+                out[role] += int(line.split()[1])
+    return out

@@ -9,6 +9,7 @@ import sys
 
 from .density import bench_density
 from .harness import Harness
+from .hold import bench_hold
 from .idle import bench_idle
 from .procs import Interrupted, on_alarm, on_signal
 from .report import print_table
@@ -23,6 +24,7 @@ MEASUREMENTS = [
     ("stdout", bench_stdout),
     ("idle", bench_idle),
     ("density", bench_density),
+    ("hold", bench_hold),
 ]
 
 

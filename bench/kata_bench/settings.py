@@ -27,6 +27,7 @@ def env_int(name, default):
 RUNS = max(1, env_int("BENCH_RUNS", 5))
 DENSITY = max(1, env_int("BENCH_DENSITY", 10))
 DENSITY_RUNS = max(1, env_int("BENCH_DENSITY_RUNS", RUNS))
+HOLD = max(1, env_int("BENCH_HOLD", 50))
 # Whole MiB: the container writes with `dd bs=1M` (busybox `head -c` costs more guest CPU
 # per byte than the channel does under TCG, so it would measure itself, not the channel).
 STDOUT_BYTES = max(1, env_int("BENCH_STDOUT_BYTES", 256 << 20) >> 20) << 20

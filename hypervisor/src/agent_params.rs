@@ -69,7 +69,7 @@ mod tests {
         .expect("a valid configuration");
         let (qemu, builtin) = crate::backend_configs(&on);
         let qemu_line =
-            crate::qemu::cmdline::kernel_cmdline(&qemu, crate::accel::Accel::Kvm, false);
+            crate::qemu::cmdline::kernel_cmdline(&qemu, crate::accel::Accel::Kvm, false, None);
         assert!(
             qemu_line.ends_with(" quiet agent.debug_console agent.debug_console_vport=1026"),
             "{qemu_line}"

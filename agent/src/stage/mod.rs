@@ -23,7 +23,7 @@ pub mod sysctl;
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
@@ -62,6 +62,7 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
         })?;
     drop(config_pipe);
     let config: StageConfig = serde_json::from_slice(&bytes).map_err(StageError::Config)?;
+    take_stdio(sync)?;
 
     if let Some(cgroup) = &config.cgroup {
         // Joining before fork puts the container process in the cgroup before it execs.
@@ -86,6 +87,30 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
             })
         }
     }
+}
+
+/// Puts the process's stdio (and start pipe) the agent sent at 0-2 (and START_FD).
+fn take_stdio(sync: BorrowedFd<'_>) -> Result<(), StageError> {
+    let fds =
+        protocol::recv_fds(sync).map_err(|e| StageError::sys("receive the process's stdio", e))?;
+    let targets = [0, 1, 2, protocol::START_FD];
+    let moves: Vec<_> = fds
+        .iter()
+        .zip(targets)
+        .map(|(fd, target)| (fd.as_raw_fd(), target))
+        .collect();
+    protocol::place_fds(&moves).map_err(|e| StageError::Os {
+        action: "place the process's stdio".into(),
+        source: e,
+    })?;
+    for fd in fds {
+        // A descriptor received at a number it was then placed on now is the placed one:
+        // keep it open. The others are copies and close here.
+        if targets.contains(&fd.as_raw_fd()) {
+            let _ = fd.into_raw_fd();
+        }
+    }
+    Ok(())
 }
 
 fn log(sync: BorrowedFd<'_>, line: String) {

@@ -1,14 +1,20 @@
 //! What the agent and the container stage say to each other.
 //!
-//! The agent starts the stage (`kata-agent __container-stage`) with fixed file
-//! descriptors: the config pipe, a SOCK_SEQPACKET sync socket (one JSON message per
-//! packet) and, for a new container, the start pipe. The container process inherits the
-//! sync socket with CLOEXEC set, so when the agent reads end-of-stream after `Pid`
-//! (and `Ready`), the process has called execve successfully.
+//! The agent starts the stage (`kata-agent __container-stage`) ahead of need (see
+//! `stage_pool`) with two fixed file descriptors: the config pipe and a SOCK_SEQPACKET
+//! sync socket (one JSON message per packet). When a container or process needs it, the
+//! agent writes the [`StageConfig`] into the pipe and sends the process's stdio (and, for
+//! a new container, the start pipe) over the sync socket ([`send_fds`]); the stage puts
+//! them at 0-2 and [`START_FD`]. The container process inherits the sync socket with
+//! CLOEXEC set, so when the agent reads end-of-stream after `Pid` (and `Ready`), the
+//! process has called execve successfully.
 
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use nix::sys::socket::{recv, send, MsgFlags};
+use nix::sys::socket::{
+    recv, recvmsg, send, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags,
+};
 use serde::{Deserialize, Serialize};
 
 use super::error::StageError;
@@ -25,6 +31,10 @@ pub const START_FD: RawFd = 5;
 
 /// The largest message that crosses the sync socket.
 const MAX_MESSAGE: usize = 64 * 1024;
+/// The most descriptors the agent hands the stage: stdin, stdout, stderr, start pipe.
+pub const MAX_PASSED_FDS: usize = 4;
+/// The one byte that carries them.
+const FDS_MARK: &[u8] = b"F";
 
 /// What the stage must do.
 #[derive(Debug, Serialize, Deserialize)]
@@ -81,6 +91,48 @@ pub fn send_message(fd: BorrowedFd<'_>, msg: &StageMessage) -> nix::Result<()> {
     send(fd.as_raw_fd(), &bytes, MsgFlags::MSG_NOSIGNAL).map(|_| ())
 }
 
+/// Hands `fds` (stdin, stdout, stderr and maybe the start pipe, in that order) to the
+/// stage, in one packet.
+pub fn send_fds(sync: BorrowedFd<'_>, fds: &[RawFd]) -> nix::Result<()> {
+    let iov = [IoSlice::new(FDS_MARK)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    sendmsg::<()>(sync.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map(|_| ())
+}
+
+/// Receives the descriptors [`send_fds`] sent, in order.
+pub fn recv_fds(sync: BorrowedFd<'_>) -> nix::Result<Vec<OwnedFd>> {
+    let mut mark = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut mark)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_PASSED_FDS]);
+    let msg = loop {
+        match recvmsg::<()>(
+            sync.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::Error::EINTR) => continue,
+            other => break other?,
+        }
+    };
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: SCM_RIGHTS installed these descriptors in this process just now;
+            // nothing else owns them.
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    if msg.bytes != FDS_MARK.len() || fds.is_empty() {
+        return Err(nix::Error::EBADMSG);
+    }
+    Ok(fds)
+}
+
 /// Receives one message; `Ok(None)` at end of stream.
 pub fn recv_message(fd: BorrowedFd<'_>) -> nix::Result<Option<StageMessage>> {
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -96,4 +148,31 @@ pub fn recv_message(fd: BorrowedFd<'_>) -> nix::Result<Option<StageMessage>> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Moves each source fd to its fixed number, without CLOEXEC. Sources are first copied
+/// above every target so that no dup2 clobbers a source not yet moved. Only fcntl and
+/// dup2: safe between fork and exec.
+pub fn place_fds(fds: &[(RawFd, RawFd)]) -> std::io::Result<()> {
+    let mut high = [0 as RawFd; MAX_PASSED_FDS];
+    if fds.len() > high.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    for (i, (src, _)) in fds.iter().enumerate() {
+        // SAFETY: F_DUPFD_CLOEXEC on an fd we own creates a new fd; no memory involved.
+        let fd = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        high[i] = fd;
+    }
+    for (i, (_, dst)) in fds.iter().enumerate() {
+        // SAFETY: dup2 between two fds of this process; the new fd has CLOEXEC cleared.
+        if unsafe { libc::dup2(high[i], *dst) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `high[i]` is the copy made above, which nothing else uses.
+        unsafe { libc::close(high[i]) };
+    }
+    Ok(())
 }

@@ -56,9 +56,12 @@ impl TestAgent {
 
     /// Processes whose parent is the agent (it is a child subreaper, so every container
     /// process it ever started ends up here until reaped).
+    /// The agent's child processes, but for the one container stage it keeps started
+    /// ahead (stage_pool): a stage waiting for its config, with /dev/null as stdin.
     pub fn children(&self) -> Vec<String> {
         let agent = self.pid().to_string();
         let mut found = Vec::new();
+        let mut spare_seen = false;
         for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
             let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
                 continue;
@@ -67,12 +70,27 @@ impl TestAgent {
             let Some((_, rest)) = stat.rsplit_once(')') else {
                 continue;
             };
-            if rest.split_whitespace().nth(1) == Some(agent.as_str()) {
-                found.push(stat.trim().to_string());
+            if rest.split_whitespace().nth(1) != Some(agent.as_str()) {
+                continue;
             }
+            if !spare_seen && is_spare_stage(&entry.path()) {
+                spare_seen = true;
+                continue;
+            }
+            found.push(stat.trim().to_string());
         }
         found
     }
+}
+
+/// A container stage that no launch has taken yet: its stdin is still /dev/null.
+fn is_spare_stage(proc_dir: &std::path::Path) -> bool {
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+    let is_stage = cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == kata_agent::stage::protocol::STAGE_ARG.as_bytes());
+    let stdin = std::fs::read_link(proc_dir.join("fd/0")).unwrap_or_default();
+    is_stage && stdin == std::path::Path::new("/dev/null")
 }
 
 pub fn ctx() -> Context {

@@ -10,6 +10,7 @@
 //! the next sandbox uses.
 
 mod probe;
+pub mod tsc;
 mod verdict;
 
 pub use verdict::{GuestRun, KvmVerdict, FULL_SPEED_INSTRUCTIONS_PER_SEC};

@@ -60,6 +60,7 @@ impl Qemu {
         cfg: &VmConfig,
         layout: &RunDirLayout,
         accel: Accel,
+        tcg_clock: Option<&str>,
         started: &mut Vec<i32>,
     ) -> Result<i32, Error> {
         // QEMU runs in the pod's network namespace, where its taps are.
@@ -89,6 +90,7 @@ impl Qemu {
                 sandbox_id: &cfg.sandbox_id,
                 debug: cfg.debug,
                 net: &cfg.net,
+                tcg_clock,
             }),
             env: Vec::new(),
             log: layout.qemu_log.clone(),
@@ -165,15 +167,33 @@ impl Hypervisor for Qemu {
 
         let configured = self.config.accelerator;
         let logger = self.logger.clone();
-        let choice = tokio::task::spawn_blocking(move || accel::choose(configured, &logger))
-            .await
-            .unwrap_or_else(|_| accel::AccelChoice {
+        let (choice, tcg_clock) = tokio::task::spawn_blocking(move || {
+            let choice = accel::choose(configured, &logger);
+            let clock = (choice.accel == Accel::Tcg)
+                .then(accel::tsc::tcg_clock_params)
+                .flatten();
+            (choice, clock)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            let choice = accel::AccelChoice {
                 accel: Accel::Tcg,
                 reason: "the accelerator probe panicked".into(),
-            });
+            };
+            (choice, None)
+        });
 
         let mut started = Vec::new();
-        match self.launch(cfg, &layout, choice.accel, &mut started).await {
+        let launched = self
+            .launch(
+                cfg,
+                &layout,
+                choice.accel,
+                tcg_clock.as_deref(),
+                &mut started,
+            )
+            .await;
+        match launched {
             Ok(vmm_pid) => {
                 let helper_pids = live_helpers(started, vmm_pid);
                 info!(self.logger, "VM started";
