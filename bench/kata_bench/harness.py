@@ -29,6 +29,9 @@ class Harness:
         shim_dir = os.environ.get("KATA_SHIM_DIR", os.path.join(REPO, "target", "release"))
         self.shim_dir = shim_dir
         self.conf = os.path.join(self.work, "configuration.toml")
+        # The same configuration with the guest caching the shared files for good
+        # (virtio_fs_cache = "always"), for the exec row that shows what the cache costs.
+        self.conf_cached = os.path.join(self.work, "configuration-cache-always.toml")
         self.floor_initrd = os.path.join(self.work, "floor.img")
         self.env = dict(os.environ)
         self.env["PATH"] = shim_dir + ":" + os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -51,8 +54,10 @@ class Harness:
     def ctr(self, *args, timeout=None):
         return run(self.ctr_cmd(*args), timeout=timeout, env=self.env)
 
-    def run_args(self, side, cid, cmd, detach=False, rm=True):
+    def run_args(self, side, cid, cmd, detach=False, rm=True, config=None):
         a = ["run", "--runtime", RT[side], "--fifo-dir", self.fifo]
+        if config:
+            a += ["--runtime-config-path", config]
         if detach:
             a.append("-d")
         if rm:
@@ -105,10 +110,11 @@ class Harness:
                 raise RuntimeError("%s %s missing (run `make bench`, which builds it)" % (what, path))
         # The agent starts its bench sink (vsock port 1025, read by the vsock ceiling) only
         # when the kernel command line asks for it; production sandboxes have no such port.
-        with open(self.conf, "w") as f:
-            f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\nvsock_backend = "%s/kata-vsock"\n'
-                    'kernel_params = "%s"\n[runtime]\nenable_debug = true\n'
-                    % (self.kernel, self.initrd, self.shim_dir, BENCH_SINK_PARAM))
+        for path, extra in ((self.conf, ""), (self.conf_cached, 'virtio_fs_cache = "always"\n')):
+            with open(path, "w") as f:
+                f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\nvsock_backend = "%s/kata-vsock"\n'
+                        'kernel_params = "%s"\n%s[runtime]\nenable_debug = true\n'
+                        % (self.kernel, self.initrd, self.shim_dir, BENCH_SINK_PARAM, extra))
         rc, _, err = run(["bash", os.path.join(REPO, "guest/build-floor-initrd.sh"),
                           self.floor_initrd], timeout=300)
         if rc != 0:
