@@ -6,7 +6,7 @@
 //! Works on pipes and on a pty master alike, through non-blocking fds in tokio's reactor.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -132,8 +132,14 @@ impl Attached {
     }
 
     /// Copies between the process and `conn` as `protocols::stdio` says, until the
-    /// stream ends or the process is removed. Returns the bytes moved.
-    pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(self, conn: S) -> io::Result<u64> {
+    /// stream ends or the process is removed. Returns the bytes moved. `sock` is the
+    /// socket under `conn`: a pipe's output goes into it with `splice(2)`, one copy in
+    /// the kernel instead of a read and a write through the agent (under emulation,
+    /// where every guest copy is dear, that is most of the stream's cost).
+    pub async fn run<S>(self, conn: S, sock: RawFd) -> io::Result<u64>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let Attached {
             fd,
             stream,
@@ -143,6 +149,7 @@ impl Attached {
         let copy = async {
             match stream {
                 StdioStream::Stdin => copy_input(conn, &fd, terminal).await,
+                _ if !terminal => splice_output(&fd, sock).await,
                 _ => copy_output(&fd, conn).await,
             }
         };
@@ -153,6 +160,59 @@ impl Attached {
             _ = removed.changed() => Ok(0),
         }
     }
+}
+
+/// A pipe's output into the socket `sock` with `splice(2)` until end of file; the caller
+/// holds the socket's connection open throughout and closes it afterwards (as
+/// [`copy_output`] says). The socket is waited on through a duplicate of its fd,
+/// registered for the copy's duration.
+async fn splice_output(pipe: &AsyncFd<OwnedFd>, sock: RawFd) -> io::Result<u64> {
+    // Close-on-exec: a stage started meanwhile must not inherit it, or the connection
+    // would outlive the stream.
+    let dup = fcntl(sock, FcntlArg::F_DUPFD_CLOEXEC(0))?;
+    // SAFETY: fcntl returned a new fd that nothing else owns.
+    let sock = async_fd(unsafe { OwnedFd::from_raw_fd(dup) })?;
+    let len = chunk_size(pipe);
+    let mut total = 0u64;
+    loop {
+        let mut readable = pipe.readable().await?;
+        let moved = nix::fcntl::splice(
+            pipe.get_ref().as_fd(),
+            None,
+            sock.get_ref().as_fd(),
+            None,
+            len,
+            nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK | nix::fcntl::SpliceFFlags::SPLICE_F_MOVE,
+        );
+        match moved {
+            // End of file: every writer closed the pipe and it is empty.
+            Ok(0) => return Ok(total),
+            Ok(n) => total += n as u64,
+            Err(nix::errno::Errno::EINTR) => {}
+            // The pipe is empty, or the socket is full: wait for whichever it is.
+            Err(nix::errno::Errno::EAGAIN) => {
+                if !poll_now(pipe.get_ref(), libc::POLLIN) {
+                    readable.clear_ready();
+                } else if !poll_now(sock.get_ref(), libc::POLLOUT) {
+                    drop(readable);
+                    sock.writable().await?.clear_ready();
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether `fd` has any of `events` (or an error or hang-up) right now.
+fn poll_now(fd: &OwnedFd, events: libc::c_short) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes one pollfd, valid for the call; timeout 0 never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents != 0
 }
 
 /// Process output to the host, until end of file on `fd`; the caller then closes the
@@ -274,27 +334,57 @@ mod tests {
         (async_fd(r).unwrap(), std::fs::File::from(w))
     }
 
+    async fn run(attached: Attached, conn: UnixStream) -> io::Result<u64> {
+        let sock = conn.as_raw_fd();
+        attached.run(conn, sock).await
+    }
+
     fn pattern(len: usize) -> Vec<u8> {
         (0..len as u32).map(|i| (i % 251) as u8).collect()
     }
 
-    /// Output larger than the pipe arrives whole and in order, then the end of stream.
-    #[tokio::test]
-    async fn output_arrives_whole_then_the_stream_ends() {
+    /// Sends more than a pipe-full through the stdout of a process (with a terminal when
+    /// `terminal`), read by the host slowly when `slow`; checks it arrives whole and in
+    /// order, then the end of stream.
+    async fn output_arrives_whole(terminal: bool, slow: bool) {
         let (r, mut w) = pipe();
-        let stdio = Stdio::new(None, r, None);
+        let stderr = (!terminal).then(|| pipe().0);
+        let stdio = Stdio::new(None, r, stderr);
         let attached = stdio.attach(StdioStream::Stdout).unwrap();
         let (guest, mut host) = UnixStream::pair().unwrap();
-        let copy = tokio::spawn(attached.run(guest));
+        let copy = tokio::spawn(run(attached, guest));
         let data = pattern(3 * PIPE_SIZE as usize + 12345);
         let sent = data.clone();
         let writer = std::thread::spawn(move || io::Write::write_all(&mut w, &sent).unwrap());
         let mut got = Vec::new();
-        host.read_to_end(&mut got).await.unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            if slow {
+                // Slower than the writer: the socket fills and the copy must wait for it.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let n = host.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
         writer.join().unwrap();
         assert_eq!(got.len(), data.len());
         assert!(got == data, "the bytes differ");
         assert_eq!(copy.await.unwrap().unwrap(), data.len() as u64);
+    }
+
+    /// A pipe's output is spliced into the socket, which fills while the host is slow.
+    #[tokio::test]
+    async fn spliced_output_arrives_whole_to_a_slow_reader_then_the_stream_ends() {
+        output_arrives_whole(false, true).await;
+    }
+
+    /// A terminal's output is copied (a pty cannot splice).
+    #[tokio::test]
+    async fn terminal_output_arrives_whole_then_the_stream_ends() {
+        output_arrives_whole(true, false).await;
     }
 
     #[tokio::test]
@@ -303,7 +393,7 @@ mod tests {
         let stdio = Stdio::new(Some(async_fd(w).unwrap()), pipe().0, Some(pipe().0));
         let attached = stdio.attach(StdioStream::Stdin).unwrap();
         let (guest, mut host) = UnixStream::pair().unwrap();
-        let copy = tokio::spawn(attached.run(guest));
+        let copy = tokio::spawn(run(attached, guest));
         let data = pattern(300_000);
         let reader = std::thread::spawn(move || {
             let mut got = Vec::new();
@@ -327,7 +417,7 @@ mod tests {
             Some(AttachError::TerminalStderr)
         );
         let (guest, mut host) = UnixStream::pair().unwrap();
-        let copy = tokio::spawn(stdio.attach(StdioStream::Stdin).unwrap().run(guest));
+        let copy = tokio::spawn(run(stdio.attach(StdioStream::Stdin).unwrap(), guest));
         host.write_all(b"ls\n").await.unwrap();
         host.shutdown().await.unwrap();
         copy.await.unwrap().unwrap();
@@ -362,7 +452,7 @@ mod tests {
         let (r, mut w) = pipe();
         let stdio = Stdio::new(None, r, None);
         let (guest, mut host) = UnixStream::pair().unwrap();
-        let copy = tokio::spawn(stdio.attach(StdioStream::Stdout).unwrap().run(guest));
+        let copy = tokio::spawn(run(stdio.attach(StdioStream::Stdout).unwrap(), guest));
         io::Write::write_all(&mut w, b"partial").unwrap();
         let mut got = [0u8; 7];
         host.read_exact(&mut got).await.unwrap();

@@ -79,7 +79,7 @@ async fn serve_logged<S>(
     conn: S,
     tune: impl FnOnce(StdioStream),
 ) where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + AsRawFd + Unpin,
 {
     if let Err(e) = serve(&log, &sandbox, conn, tune).await {
         debug!(log, "stdio connection ended"; "error" => %e);
@@ -96,7 +96,7 @@ pub async fn serve<S>(
     tune: impl FnOnce(StdioStream),
 ) -> std::io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + AsRawFd + Unpin,
 {
     let mut conn = BufReader::new(conn);
     let req = match tokio::time::timeout(REQUEST_TIMEOUT, read_request(&mut conn)).await {
@@ -121,7 +121,8 @@ where
     tune(stream);
     conn.write_all(OK_LINE.as_bytes()).await?;
     conn.flush().await?;
-    let moved = attached.run(conn).await?;
+    let sock = conn.get_ref().as_raw_fd();
+    let moved = attached.run(conn, sock).await?;
     debug!(log, "stdio stream done"; "container_id" => cid, "exec_id" => exec_id,
         "stream" => stream.name(), "bytes" => moved);
     Ok(())

@@ -3,7 +3,9 @@
 //!
 //! - output: the guest's bytes go from the connection into the fifo with `splice(2)`,
 //!   kernel to kernel; the relay finishes only at the guest's end of stream, so the shim
-//!   reports an exit after every byte has been delivered. A stream nobody wants (no
+//!   reports an exit after every byte has been delivered (waiting a few seconds at most:
+//!   a stream a background child still holds goes on until the process is deleted,
+//!   without holding back the exit; see `task::watch`). A stream nobody wants (no
 //!   fifo, or its reader went away) is still read to its end, so the guest's pipe never
 //!   fills up and blocks the process.
 //! - stdin: the fifo's bytes go to the connection; end of file there (or CloseIO)
@@ -129,9 +131,11 @@ impl Relays {
     }
 
     /// Waits until every output stream has reached its end.
+    /// Cancelled, it keeps the relays not yet ended (dropping [`Relays`] stops them).
     pub async fn wait_outputs(&mut self) {
-        for task in self.outputs.drain(..) {
+        while let Some(task) = self.outputs.last_mut() {
             let _ = task.await;
+            self.outputs.pop();
         }
     }
 

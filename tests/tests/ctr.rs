@@ -3,6 +3,8 @@
 //! its sandbox is left on the host.
 
 use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use e2e_tests::*;
 
@@ -136,6 +138,54 @@ fn exec_into_a_running_container_and_kill_it() {
     wait_status(&c, "ex1", "STOPPED");
     remove_detached(&c, "ex1");
     assert_no_leftovers("ex1");
+}
+
+/// An exec whose background child inherits its stdout still ends: the exit is reported
+/// once the process's own output is through (a short grace), not when the child lets go.
+#[test]
+fn an_exec_whose_background_child_keeps_stdout_open_still_returns() {
+    let c = Containerd::start("exec-bg");
+    start_detached(&c, "bg1", &[], &["sleep", "1000"]);
+    let fifo = c.dir.join("fifo").display().to_string();
+    let script = "echo before; sleep 1000 & exit 3";
+    let mut ctr = c
+        .ctr_cmd(&[
+            "task",
+            "exec",
+            "--fifo-dir",
+            &fifo,
+            "--exec-id",
+            "e1",
+            "bg1",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ctr task exec");
+    // Far beyond the grace: a ctr still waiting then waits for the child, for good.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while ctr.try_wait().expect("wait for ctr").is_none() {
+        if Instant::now() > deadline {
+            let _ = ctr.kill();
+            let _ = ctr.wait();
+            remove_detached(&c, "bg1");
+            panic!(
+                "ctr task exec never returned: the exit waited for the background child's \
+                 stdout\n{}",
+                c.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = ctr.wait_with_output().expect("ctr's output");
+    assert_eq!(out.status.code(), Some(3), "exec: {}", stderr(&out));
+    assert_eq!(stdout(&out), "before\n");
+    remove_detached(&c, "bg1");
+    assert_no_leftovers("bg1");
 }
 
 #[test]

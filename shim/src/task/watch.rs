@@ -2,7 +2,7 @@
 //! process's exit, OOM kills, and the end of the VM itself.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use slog::{debug, info, warn};
 
@@ -14,6 +14,10 @@ use crate::sandbox::Sandbox;
 /// The exit status reported for every process of a sandbox whose VM died: the guest can
 /// no longer say how they ended (as runc reports for a process it lost).
 pub const VM_GONE_EXIT_STATUS: u32 = 255;
+
+/// How long an exited process's output may take to end before its exit is reported
+/// anyway.
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
 
 impl Inner {
     /// Publishes TaskOOM for every OOM kill the guest reports, for the sandbox's life.
@@ -56,8 +60,19 @@ impl Inner {
                 .ok()
                 .and_then(|p| p.relays.take());
             if let Some(mut r) = relays {
-                r.wait_outputs().await;
+                // What the process wrote is in its pipe and the socket's window: moments
+                // away. A stream still open after the grace is held by something else (a
+                // background child that inherited it): the exit is not held back for it.
+                let ended = tokio::time::timeout(OUTPUT_GRACE, r.wait_outputs()).await;
                 r.stop_stdin();
+                if ended.is_err() {
+                    warn!(inner.log, "the process exited but its output is still open (a background process holds it?); reporting the exit; the output flows until it closes or the process is deleted";
+                        "container" => &cid, "exec" => &exec_id, "grace_s" => OUTPUT_GRACE.as_secs());
+                    // Back with the process: deleting it stops them and closes the fifos.
+                    if let Ok(p) = inner.lock().process_mut(&cid, &exec_id) {
+                        p.relays = Some(r);
+                    }
+                }
             }
             inner.record_exit(&cid, &exec_id, code).await;
         });
