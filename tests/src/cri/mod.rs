@@ -83,6 +83,19 @@ impl std::fmt::Display for CriError {
 
 impl std::error::Error for CriError {}
 
+/// `field` of a `call` answer, or the error that says the CRI left it out.
+fn present<T>(
+    field: Option<T>,
+    call: &'static str,
+    what: impl FnOnce() -> String,
+) -> Result<T, CriError> {
+    field.ok_or_else(|| CriError::Rpc {
+        call,
+        code: tonic::Code::Internal,
+        message: what(),
+    })
+}
+
 /// A CRI v1 client (RuntimeService and ImageService) of the containerd listening on a
 /// unix socket. Every method blocks until the answer (or [`CriError::Timeout`]).
 pub struct CriClient {
@@ -317,10 +330,8 @@ impl CriClient {
             c.container_status(req).await
         })
         .and_then(|r| {
-            r.status.ok_or(CriError::Rpc {
-                call: "ContainerStatus",
-                code: tonic::Code::Internal,
-                message: format!("no status for container {id}"),
+            present(r.status, "ContainerStatus", || {
+                format!("no status for container {id}")
             })
         })
     }
@@ -467,10 +478,8 @@ impl CriClient {
             c.container_stats(req).await
         })
         .and_then(|r| {
-            r.stats.ok_or(CriError::Rpc {
-                call: "ContainerStats",
-                code: tonic::Code::Internal,
-                message: format!("no stats for container {id}"),
+            present(r.stats, "ContainerStats", || {
+                format!("no stats for container {id}")
             })
         })
     }
@@ -499,10 +508,8 @@ impl CriClient {
             c.pod_sandbox_stats(req).await
         })
         .and_then(|r| {
-            r.stats.ok_or(CriError::Rpc {
-                call: "PodSandboxStats",
-                code: tonic::Code::Internal,
-                message: format!("no stats for pod {pod_id}"),
+            present(r.stats, "PodSandboxStats", || {
+                format!("no stats for pod {pod_id}")
             })
         })
     }
