@@ -372,6 +372,9 @@ pub(crate) async fn wait_for_sockets(
             .collect::<Vec<_>>()
             .join(" and ")
     };
+    // A daemon makes its socket within a few tens of milliseconds, and the VM's start
+    // waits on it: look often at first, then less often.
+    let mut pause = Duration::from_millis(1);
     loop {
         if sockets.iter().all(|s| s.exists()) {
             return Ok(());
@@ -388,7 +391,8 @@ pub(crate) async fn wait_for_sockets(
                 DAEMON_READY_TIMEOUT.as_secs()
             ))));
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL);
     }
 }
 

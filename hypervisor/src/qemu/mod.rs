@@ -1,8 +1,9 @@
 //! The QEMU backend: `qemu-system-x86_64 -M microvm` with vhost-user helpers.
 //!
-//! Start order: virtiofsd (virtio-fs, tag `kataShared`), then the vsock backend (vsock
-//! with a hybrid vsock unix socket for the agent), each waited for until its socket
-//! appears, then QEMU, waited for until its QMP greeting (machine set up, guest running).
+//! Start order: virtiofsd (virtio-fs, tag `kataShared`) and the vsock backend (vsock
+//! with a hybrid vsock unix socket for the agent) side by side, each waited for until its
+//! sockets appear, then QEMU, waited for until its QMP greeting (machine set up, guest
+//! running).
 //! If a step fails, everything already started is killed and reaped, and the error names
 //! the step and quotes its log. All processes log to files in the run directory.
 //!
@@ -54,7 +55,8 @@ impl Qemu {
         }
     }
 
-    /// Starts the helpers and QEMU, pushing each pid to `started` as soon as it exists.
+    /// Starts the helpers, side by side, then QEMU; every pid started is in `started` when
+    /// this returns, also on error.
     async fn launch(
         &self,
         cfg: &VmConfig,
@@ -65,20 +67,17 @@ impl Qemu {
     ) -> Result<i32, Error> {
         // QEMU runs in the pod's network namespace, where its taps are.
         let place = Place::new(cfg, true)?;
-        self.start_virtiofsd(cfg, layout, &place, started).await?;
-
-        let vsock = Daemon {
-            step: "the vsock backend",
-            program: &self.config.vsock_backend,
-            args: cmdline::vsock_backend_args(layout),
-            env: debug_env(cfg.debug),
-            log: layout.vsock_log.clone(),
-            place: place.without_netns(),
-        };
-        self.log_command(&vsock);
-        let pid = vsock.spawn()?;
-        started.push(pid);
-        wait_for_sockets(&vsock, pid, &[&layout.vsock_socket, &layout.agent_socket]).await?;
+        // The two helpers start side by side: QEMU needs both sockets, and each daemon
+        // spends most of its start-up on its own (virtiofsd on its sandbox).
+        let mut fs_pids = Vec::new();
+        let mut vsock_pids = Vec::new();
+        let helpers = tokio::try_join!(
+            self.start_virtiofsd(cfg, layout, &place, &mut fs_pids),
+            self.start_vsock_backend(cfg, layout, &place, &mut vsock_pids),
+        );
+        started.extend(fs_pids);
+        started.extend(vsock_pids);
+        helpers?;
 
         let qemu = Daemon {
             step: "qemu",
@@ -121,6 +120,30 @@ impl Qemu {
         }
         .start(&self.logger, started)
         .await
+    }
+
+    /// Starts the vhost-user vsock backend and waits for its two sockets.
+    async fn start_vsock_backend(
+        &self,
+        cfg: &VmConfig,
+        layout: &RunDirLayout,
+        place: &Place,
+        started: &mut Vec<i32>,
+    ) -> Result<(), Error> {
+        let vsock = Daemon {
+            step: "the vsock backend",
+            program: &self.config.vsock_backend,
+            args: cmdline::vsock_backend_args(layout),
+            env: debug_env(cfg.debug),
+            log: layout.vsock_log.clone(),
+            place: place.without_netns(),
+        };
+        self.log_command(&vsock);
+        let pid = vsock.spawn()?;
+        started.push(pid);
+        wait_for_sockets(&vsock, pid, &[&layout.vsock_socket, &layout.agent_socket])
+            .await
+            .map_err(Wait::into_error)
     }
 
     fn log_command(&self, d: &Daemon<'_>) {
@@ -249,6 +272,7 @@ fn debug_env(debug: bool) -> Vec<(&'static str, String)> {
 /// Waits for QEMU's QMP greeting, QEMU's death, or the deadline.
 async fn wait_for_qmp(d: &Daemon<'_>, pid: i32, socket: &Path) -> Result<(), Wait> {
     let deadline = Instant::now() + QEMU_READY_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if let Ok(qmp::Greeting::Ready) =
@@ -268,6 +292,7 @@ async fn wait_for_qmp(d: &Daemon<'_>, pid: i32, socket: &Path) -> Result<(), Wai
                 QEMU_READY_TIMEOUT.as_secs()
             ))));
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL);
     }
 }
