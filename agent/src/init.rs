@@ -128,21 +128,34 @@ pub fn mount_base() -> Result<(), InitError> {
     Ok(())
 }
 
-/// Mounts the sandbox's virtio-fs share where the shim put the container rootfs.
+/// Mounts the sandbox's virtio-fs share, where the shim puts volumes (and container
+/// root filesystems, unless the VM has the rootfs share).
 pub fn mount_shared_dir() -> Result<(), InitError> {
-    let dir = protocols::GUEST_SHARED_DIR;
+    mount_virtiofs(protocols::SHARED_FS_TAG, protocols::GUEST_SHARED_DIR)
+}
+
+/// Whether the kernel command line `cmdline` says the VM has the rootfs share.
+pub fn has_rootfs_share(cmdline: &str) -> bool {
+    cmdline
+        .split_whitespace()
+        .any(|w| w == protocols::ROOTFS_SHARE_PARAM)
+}
+
+/// Mounts the rootfs share, which the shim names containers' root filesystems on.
+pub fn mount_rootfs_share() -> Result<(), InitError> {
+    mount_virtiofs(protocols::ROOTFS_FS_TAG, protocols::GUEST_ROOTFS_DIR)
+}
+
+fn mount_virtiofs(tag: &str, dir: &str) -> Result<(), InitError> {
     create_dir(dir)?;
     mount(
-        Some(protocols::SHARED_FS_TAG),
+        Some(tag),
         dir,
         Some("virtiofs"),
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(sys(format!(
-        "mount virtiofs {} on {dir}",
-        protocols::SHARED_FS_TAG
-    )))
+    .map_err(sys(format!("mount virtiofs {tag} on {dir}")))
 }
 
 /// Ends the VM: with `reboot=t -no-reboot` a reset makes QEMU exit.
@@ -224,4 +237,20 @@ pub fn leave_initramfs() -> Result<(), InitError> {
     mount(Some("."), "/", none, MsFlags::MS_MOVE, none).map_err(sys("move /newroot to /"))?;
     nix::unistd::chroot(".").map_err(sys("chroot into the new root"))?;
     nix::unistd::chdir("/").map_err(sys("chdir to /"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rootfs_share_is_announced_by_a_whole_word() {
+        assert!(has_rootfs_share(
+            "console=ttyS0 quiet agent.rootfs_share agent.log=debug\n"
+        ));
+        assert!(!has_rootfs_share("console=ttyS0 quiet\n"));
+        assert!(!has_rootfs_share(
+            "agent.rootfs_shared agent.rootfs_share=0"
+        ));
+    }
 }

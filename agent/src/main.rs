@@ -45,13 +45,26 @@ fn main() {
             slog::warn!(log, "staying on the initramfs root; containers cannot pivot_root"; "error" => %e);
         }
         let mounted_ms = init::boot_ms();
-        if let Err(e) = mounted.and_then(|()| init::mount_shared_dir()) {
+        // Read after the base mounts (procfs among them).
+        let cmdline = std::fs::read_to_string("/proc/cmdline");
+        let rootfs_share = cmdline.as_deref().is_ok_and(init::has_rootfs_share);
+        let shared = mounted
+            .and_then(|()| init::mount_shared_dir())
+            .and_then(|()| {
+                if rootfs_share {
+                    init::mount_rootfs_share()
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = shared {
             init::fatal(&log, &e.to_string());
         }
         // Where boot time goes, in ms since the kernel started.
         slog::info!(log, "agent started"; "init_ms" => started_ms,
-            "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms());
-        match std::fs::read_to_string("/proc/cmdline") {
+            "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms(),
+            "rootfs_share" => rootfs_share);
+        match cmdline {
             Ok(cmdline) => {
                 if bench_sink::requested(&cmdline) {
                     bench_sink::start(log.clone());
@@ -59,8 +72,8 @@ fn main() {
                 debug_console::start_or_remove_shell(&log, &cmdline);
             }
             Err(e) => {
-                slog::warn!(log, "cannot read /proc/cmdline; no bench sink, no debug console";
-                    "error" => %e);
+                slog::warn!(log, "cannot read /proc/cmdline; no rootfs share, no bench sink, \
+                    no debug console"; "error" => %e);
                 debug_console::remove_shell(&log);
             }
         }

@@ -29,9 +29,10 @@ class Harness:
         shim_dir = os.environ.get("KATA_SHIM_DIR", os.path.join(REPO, "target", "release"))
         self.shim_dir = shim_dir
         self.conf = os.path.join(self.work, "configuration.toml")
-        # The same configuration with the guest caching the shared files for good
-        # (virtio_fs_cache = "always"), for the exec row that shows what the cache costs.
-        self.conf_cached = os.path.join(self.work, "configuration-cache-always.toml")
+        # The same configuration with one virtio-fs share for volumes and root filesystems
+        # alike (virtio_fs_rootfs_cache = virtio_fs_cache = "auto": one virtiofsd, no
+        # rootfs cache), for the exec row that shows what the rootfs share saves.
+        self.conf_one_share = os.path.join(self.work, "configuration-one-share.toml")
         self.floor_initrd = os.path.join(self.work, "floor.img")
         self.env = dict(os.environ)
         self.env["PATH"] = shim_dir + ":" + os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -110,7 +111,8 @@ class Harness:
                 raise RuntimeError("%s %s missing (run `make bench`, which builds it)" % (what, path))
         # The agent starts its bench sink (vsock port 1025, read by the vsock ceiling) only
         # when the kernel command line asks for it; production sandboxes have no such port.
-        for path, extra in ((self.conf, ""), (self.conf_cached, 'virtio_fs_cache = "always"\n')):
+        for path, extra in ((self.conf, ""),
+                            (self.conf_one_share, 'virtio_fs_rootfs_cache = "auto"\n')):
             with open(path, "w") as f:
                 f.write('[hypervisor.qemu]\nkernel = "%s"\ninitrd = "%s"\nvsock_backend = "%s/kata-vsock"\n'
                         'kernel_params = "%s"\n%s[runtime]\nenable_debug = true\n'

@@ -1,6 +1,7 @@
 """3b, 4 and 5 on one idle pair: a kata and a runc `sleep 600` started once, sampled for
-memory while fresh, then exec'd into (with a third, kata with virtio_fs_cache = "always",
-started for the execs alone), then (kata) read through the vsock bench sink."""
+memory while fresh, then exec'd into (with a third, kata with one virtio-fs share for
+volumes and root filesystems, started for the execs alone), then (kata) read through the
+vsock bench sink."""
 
 import time
 
@@ -10,10 +11,10 @@ from .settings import log
 
 
 def start_idle(h, ids):
-    """`sleep 600` in each of `ids` (side -> id); "kata_cached" is a kata one whose guest
-    caches the shared files for good."""
+    """`sleep 600` in each of `ids` (side -> id); "kata_one_share" is a kata one without
+    the rootfs share (its root filesystem comes through the volumes' share, cache auto)."""
     for side, cid in ids.items():
-        config = h.conf_cached if side == "kata_cached" else None
+        config = h.conf_one_share if side == "kata_one_share" else None
         args = h.run_args(side.split("_")[0], cid, ["sleep", "600"], detach=True, rm=False,
                           config=config)
         rc, _, err = run(args, env=h.env)
@@ -30,9 +31,9 @@ def bench_idle(h):
     time.sleep(2)  # let the fresh sandboxes settle before sampling memory
     mem = memory.measure(ids)
     # Started after the memory samples, which it would change (shared pages count less).
-    ids.update(start_idle(h, {"kata_cached": h.new_id("kc")}))
+    ids.update(start_idle(h, {"kata_one_share": h.new_id("ko")}))
     ex, exf = exec_latency.measure(h, ids)
-    h.remove([ids.pop("kata_cached")])  # gone before the vsock ceiling, which it would share
+    h.remove([ids.pop("kata_one_share")])  # gone before the vsock ceiling, which it would share
     ceil, cfail = throughput.measure_vsock_ceiling(ids["kata"])
     throughput.add_vsock_ceiling_rows(h.report, ceil, cfail)
     exec_latency.add_rows(h.report, ex, exf)

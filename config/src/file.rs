@@ -33,6 +33,7 @@ pub(crate) struct BuiltinSection {
     pub default_memory: u32,
     pub virtio_fs_daemon: String,
     pub virtio_fs_cache: String,
+    pub virtio_fs_rootfs_cache: String,
 }
 
 impl Default for BuiltinSection {
@@ -46,6 +47,7 @@ impl Default for BuiltinSection {
             default_memory: 512,
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),
+            virtio_fs_rootfs_cache: "always".into(),
         }
     }
 }
@@ -62,6 +64,7 @@ pub(crate) struct QemuSection {
     pub shared_fs: String,
     pub virtio_fs_daemon: String,
     pub virtio_fs_cache: String,
+    pub virtio_fs_rootfs_cache: String,
     pub vsock_backend: String,
     pub accelerator: String,
 }
@@ -78,6 +81,7 @@ impl Default for QemuSection {
             shared_fs: "virtio-fs".into(),
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),
+            virtio_fs_rootfs_cache: "always".into(),
             vsock_backend: "/usr/local/bin/kata-vsock".into(),
             accelerator: "auto".into(),
         }

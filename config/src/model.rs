@@ -56,8 +56,14 @@ pub struct BuiltinConfig {
     pub default_memory: u32,
     /// The virtiofsd binary (kata-vmm's virtio-fs is a vhost-user frontend to it).
     pub virtio_fs_daemon: PathBuf,
-    /// virtiofsd's `--cache` policy.
+    /// virtiofsd's `--cache` policy for volumes (and for container root filesystems
+    /// too when it equals `virtio_fs_rootfs_cache`).
     pub virtio_fs_cache: VirtioFsCache,
+    /// virtiofsd's `--cache` policy for container root filesystems. When it differs from
+    /// `virtio_fs_cache`, a second virtiofsd exports the share under it as the
+    /// rootfs share, which the guest reads root filesystems from (see
+    /// [`QemuConfig::rootfs_share`]).
+    pub virtio_fs_rootfs_cache: VirtioFsCache,
 }
 
 /// `[hypervisor.qemu]`.
@@ -79,8 +85,14 @@ pub struct QemuConfig {
     pub shared_fs: SharedFs,
     /// The virtiofsd binary.
     pub virtio_fs_daemon: PathBuf,
-    /// virtiofsd's `--cache` policy.
+    /// virtiofsd's `--cache` policy for volumes (and for container root filesystems
+    /// too when it equals `virtio_fs_rootfs_cache`).
     pub virtio_fs_cache: VirtioFsCache,
+    /// virtiofsd's `--cache` policy for container root filesystems. When it differs from
+    /// `virtio_fs_cache`, a second virtiofsd exports the share under it as the
+    /// rootfs share, which the guest reads root filesystems from (see
+    /// [`QemuConfig::rootfs_share`]).
+    pub virtio_fs_rootfs_cache: VirtioFsCache,
     /// The vhost-user vsock backend binary (kata-vsock, or vhost-device-vsock).
     pub vsock_backend: PathBuf,
     /// kvm, tcg or auto.
@@ -227,13 +239,37 @@ impl QemuConfig {
                 "hypervisor.qemu.virtio_fs_cache",
                 &s.virtio_fs_cache,
             )?,
+            virtio_fs_rootfs_cache: VirtioFsCache::parse(
+                origin,
+                "hypervisor.qemu.virtio_fs_rootfs_cache",
+                &s.virtio_fs_rootfs_cache,
+            )?,
             vsock_backend: absolute(origin, "hypervisor.qemu.vsock_backend", s.vsock_backend)?,
             accelerator: Accelerator::parse(origin, "hypervisor.qemu.accelerator", &s.accelerator)?,
         })
     }
 }
 
+/// The cache policy of the rootfs share, if a VM with these two policies has one: only
+/// when they differ does a second virtiofsd run.
+fn rootfs_share(volumes: VirtioFsCache, rootfs: VirtioFsCache) -> Option<VirtioFsCache> {
+    (volumes != rootfs).then_some(rootfs)
+}
+
+impl QemuConfig {
+    /// The rootfs share's cache policy, when the VM gets one (a second virtio-fs device
+    /// and virtiofsd); None: root filesystems come through the one share.
+    pub fn rootfs_share(&self) -> Option<VirtioFsCache> {
+        rootfs_share(self.virtio_fs_cache, self.virtio_fs_rootfs_cache)
+    }
+}
+
 impl BuiltinConfig {
+    /// As [`QemuConfig::rootfs_share`].
+    pub fn rootfs_share(&self) -> Option<VirtioFsCache> {
+        rootfs_share(self.virtio_fs_cache, self.virtio_fs_rootfs_cache)
+    }
+
     fn from_section(s: BuiltinSection, origin: &Path) -> Result<Self, Error> {
         let keys = VmShapeKeys {
             vcpus: "hypervisor.builtin.default_vcpus",
@@ -263,6 +299,11 @@ impl BuiltinConfig {
                 origin,
                 "hypervisor.builtin.virtio_fs_cache",
                 &s.virtio_fs_cache,
+            )?,
+            virtio_fs_rootfs_cache: VirtioFsCache::parse(
+                origin,
+                "hypervisor.builtin.virtio_fs_rootfs_cache",
+                &s.virtio_fs_rootfs_cache,
             )?,
         })
     }

@@ -37,6 +37,12 @@ fn empty_file_gives_defaults() {
         PathBuf::from("/usr/local/bin/virtiofsd")
     );
     assert_eq!(q.virtio_fs_cache, VirtioFsCache::Auto);
+    assert_eq!(q.virtio_fs_rootfs_cache, VirtioFsCache::Always);
+    assert_eq!(q.rootfs_share(), Some(VirtioFsCache::Always));
+    assert_eq!(
+        c.hypervisor.builtin.rootfs_share(),
+        Some(VirtioFsCache::Always)
+    );
     assert_eq!(q.vsock_backend, PathBuf::from("/usr/local/bin/kata-vsock"));
     assert_eq!(q.accelerator, Accelerator::Auto);
     assert_eq!(c.agent.kata.dial_timeout, Duration::from_secs(30));
@@ -109,6 +115,31 @@ fn every_choice_word_is_accepted() {
         let c = parse(&format!("[hypervisor.qemu]\nvirtio_fs_cache = \"{v}\"\n")).unwrap();
         assert_eq!(c.hypervisor.qemu.virtio_fs_cache, *v);
     }
+}
+
+/// The rootfs share exists only when its policy differs from the volumes': one policy
+/// for both means one virtiofsd.
+#[test]
+fn rootfs_share_only_when_the_two_policies_differ() {
+    let same = parse("[hypervisor.qemu]\nvirtio_fs_cache = \"always\"\n").unwrap();
+    assert_eq!(same.hypervisor.qemu.rootfs_share(), None);
+    let same = parse(
+        "[hypervisor.builtin]\nvirtio_fs_cache = \"never\"\nvirtio_fs_rootfs_cache = \"never\"\n",
+    )
+    .unwrap();
+    assert_eq!(same.hypervisor.builtin.rootfs_share(), None);
+    let differ = parse("[hypervisor.qemu]\nvirtio_fs_rootfs_cache = \"never\"\n").unwrap();
+    assert_eq!(
+        differ.hypervisor.qemu.rootfs_share(),
+        Some(VirtioFsCache::Never)
+    );
+    assert_eq!(
+        err("[hypervisor.builtin]\nvirtio_fs_rootfs_cache = \"forever\"\n"),
+        format!(
+            "{ORIGIN}: hypervisor.builtin.virtio_fs_rootfs_cache = \"forever\": \
+             expected one of never, auto, always"
+        )
+    );
 }
 
 #[test]

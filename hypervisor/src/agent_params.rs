@@ -71,12 +71,16 @@ mod tests {
         let qemu_line =
             crate::qemu::cmdline::kernel_cmdline(&qemu, crate::accel::Accel::Kvm, false, None);
         assert!(
-            qemu_line.ends_with(" quiet agent.debug_console agent.debug_console_vport=1026"),
+            qemu_line.ends_with(
+                " quiet agent.rootfs_share agent.debug_console agent.debug_console_vport=1026"
+            ),
             "{qemu_line}"
         );
         let builtin_line = crate::builtin::kernel_cmdline(&builtin, false);
         assert!(
-            builtin_line.ends_with(" quiet agent.debug_console agent.debug_console_vport=1026"),
+            builtin_line.ends_with(
+                " quiet agent.rootfs_share agent.debug_console agent.debug_console_vport=1026"
+            ),
             "{builtin_line}"
         );
     }

@@ -44,6 +44,20 @@ pub fn new_hypervisor(cfg: &kata_config::Config, logger: slog::Logger) -> Box<dy
     }
 }
 
+/// Where the guest finds container `<id>`'s rootfs directory `<id>/rootfs`: on the rootfs
+/// share when the configured backend gives the VM one, else on the share.
+pub fn guest_rootfs_root(cfg: &kata_config::Config) -> &'static str {
+    let rootfs_share = match cfg.runtime.hypervisor_name {
+        kata_config::HypervisorName::Qemu => cfg.hypervisor.qemu.rootfs_share(),
+        kata_config::HypervisorName::Builtin => cfg.hypervisor.builtin.rootfs_share(),
+    };
+    if rootfs_share.is_some() {
+        protocols::GUEST_ROOTFS_DIR
+    } else {
+        protocols::GUEST_SHARED_DIR
+    }
+}
+
 /// The backends' sections with the words `[agent.kata]` asks of the guest kernel command
 /// line in front of their `kernel_params` (see [`agent_params`]).
 fn backend_configs(

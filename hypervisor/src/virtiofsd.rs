@@ -1,5 +1,12 @@
 //! virtiofsd, the vhost-user daemon behind virtio-fs, shared by both backends: QEMU's
 //! `vhost-user-fs-device` and kata-vmm's frontend connect to the socket it listens on.
+//!
+//! A sandbox has one or two: the share (tag [`SHARED_FS_TAG`](crate::SHARED_FS_TAG))
+//! under `virtio_fs_cache`, and, when `virtio_fs_rootfs_cache` differs, the rootfs share
+//! (tag [`ROOTFS_FS_TAG`](protocols::ROOTFS_FS_TAG)): the same host directory under
+//! the rootfs policy, which the guest reads container root filesystems from. Volumes
+//! the host may change stay coherent through the first; root filesystems, which only
+//! the guest writes, keep their cache through the second.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +36,8 @@ impl FsSandbox {
 
 /// One virtiofsd: what it shares, where it listens and logs.
 pub(crate) struct Virtiofsd<'a> {
+    /// Names it in logs and errors.
+    pub step: &'static str,
     /// The virtiofsd binary.
     pub program: &'a Path,
     /// `--cache`.
@@ -71,7 +80,7 @@ impl Virtiofsd<'_> {
     /// goes to `started` as soon as it exists, so that a failure can stop it.
     pub async fn start(&self, logger: &Logger, started: &mut Vec<i32>) -> Result<(), Error> {
         let daemon = |sandbox| Daemon {
-            step: "virtiofsd",
+            step: self.step,
             program: self.program,
             args: self.args(sandbox),
             env: Vec::new(),
@@ -87,7 +96,7 @@ impl Virtiofsd<'_> {
             Err(Wait::Timeout(e)) => return Err(e),
             Err(Wait::Died(e)) => warn!(logger,
                 "virtiofsd cannot sandbox itself in namespaces; retrying with --sandbox none";
-                "error" => e.to_string()),
+                "step" => self.step, "error" => e.to_string()),
         }
         let fallback = daemon(FsSandbox::None);
         log_command(logger, &fallback);
@@ -96,6 +105,88 @@ impl Virtiofsd<'_> {
         wait_for_sockets(&fallback, pid, &[self.socket])
             .await
             .map_err(Wait::into_error)
+    }
+}
+
+/// Where one share's virtiofsd listens and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsFiles {
+    /// Its vhost-user socket (virtiofsd listens, the VMM connects).
+    pub socket: PathBuf,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+}
+
+impl FsFiles {
+    /// `<run_dir>/<name>.sock` and `<run_dir>/<name>.log`.
+    pub fn new(run_dir: &Path, name: &str) -> Self {
+        Self {
+            socket: run_dir.join(format!("{name}.sock")),
+            log: run_dir.join(format!("{name}.log")),
+        }
+    }
+
+    /// The socket and the pid file virtiofsd keeps next to it, which a previous run may
+    /// have left behind and a new one must not find.
+    pub fn stale_files(&self) -> [PathBuf; 2] {
+        let mut pid_file = self.socket.clone().into_os_string();
+        pid_file.push(".pid");
+        [self.socket.clone(), pid_file.into()]
+    }
+}
+
+/// A sandbox's virtiofsds (see the module's introduction).
+pub(crate) struct Shares<'a> {
+    /// The virtiofsd binary.
+    pub program: &'a Path,
+    /// The host directory both export.
+    pub shared_dir: &'a Path,
+    /// The share's policy and files.
+    pub share: (VirtioFsCache, &'a FsFiles),
+    /// The rootfs share's, when the VM has one.
+    pub rootfs: Option<(VirtioFsCache, &'a FsFiles)>,
+    pub debug: bool,
+    pub place: &'a Place,
+}
+
+impl<'a> Shares<'a> {
+    fn daemon(
+        &self,
+        step: &'static str,
+        (cache, files): (VirtioFsCache, &'a FsFiles),
+    ) -> Virtiofsd<'a> {
+        Virtiofsd {
+            step,
+            program: self.program,
+            cache,
+            socket: &files.socket,
+            shared_dir: self.shared_dir,
+            log: files.log.clone(),
+            debug: self.debug,
+            place: self.place,
+        }
+    }
+
+    /// Starts the virtiofsds side by side and waits for their sockets. Each pid goes to
+    /// `share_pids` or `rootfs_pids` (the caller's) as soon as it exists, so that the
+    /// caller can stop it after an error, or after dropping this future midway (a
+    /// helper started beside these failed first).
+    pub async fn start(
+        &self,
+        logger: &Logger,
+        share_pids: &mut Vec<i32>,
+        rootfs_pids: &mut Vec<i32>,
+    ) -> Result<(), Error> {
+        let share = self.daemon("virtiofsd", self.share);
+        let Some(rootfs) = self.rootfs else {
+            return share.start(logger, share_pids).await;
+        };
+        let rootfs = self.daemon("virtiofsd of the rootfs share", rootfs);
+        tokio::try_join!(
+            share.start(logger, share_pids),
+            rootfs.start(logger, rootfs_pids),
+        )
+        .map(|_| ())
     }
 }
 
@@ -114,6 +205,7 @@ mod tests {
     fn command_line() {
         let place = Place::default();
         let v = Virtiofsd {
+            step: "virtiofsd",
             program: Path::new("/usr/local/bin/virtiofsd"),
             cache: VirtioFsCache::Never,
             socket: Path::new("/run/vc/sb1/virtiofsd.sock"),

@@ -2,7 +2,7 @@
 //! and quotes its log, virtiofsd falls back to `--sandbox none`, and nothing started
 //! before the failing step is left running.
 
-use hypervisor::new_hypervisor;
+use hypervisor::{new_hypervisor, Hypervisor};
 
 mod common;
 use common::{Binaries, Sandbox, SERIAL, VIRTIOFSD};
@@ -14,6 +14,34 @@ fn failing_qemu(sb: &Sandbox) -> std::path::PathBuf {
     )
 }
 
+/// start_vm with a QEMU that fails and a virtiofsd that, when its arguments match the
+/// shell `case` pattern `when`, prints `says` and exits with `status` (else it is the real
+/// one): the backend, and the error as text.
+async fn start_with_failing_virtiofsd(
+    sb: &Sandbox,
+    when: &str,
+    says: &str,
+    status: u8,
+) -> (Box<dyn Hypervisor>, String) {
+    let virtiofsd = sb.script(
+        "virtiofsd",
+        &format!(
+            "case \"$*\" in {when}) echo '{says}' >&2; exit {status};; esac\n\
+             exec {VIRTIOFSD} \"$@\""
+        ),
+    );
+    let bins = Binaries {
+        qemu: failing_qemu(sb),
+        virtiofsd,
+        ..Binaries::default()
+    };
+    let (kernel, initrd) = fake_guest(sb);
+    let cfg = sb.config_with(&bins, &kernel, &initrd);
+    let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
+    let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
+    (hv, err)
+}
+
 #[tokio::test]
 async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
     let _serial = SERIAL.lock().await;
@@ -22,23 +50,13 @@ async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
     }
     let sb = Sandbox::new();
     // A virtiofsd that cannot use namespaces, as in some containers.
-    let virtiofsd = sb.script(
-        "virtiofsd",
-        &format!(
-            "case \"$*\" in *'--sandbox namespace'*) \
-             echo 'fake: unshare: Operation not permitted' >&2; exit 1;; esac\n\
-             exec {VIRTIOFSD} \"$@\""
-        ),
-    );
-    let bins = Binaries {
-        qemu: failing_qemu(&sb),
-        virtiofsd,
-        ..Binaries::default()
-    };
-    let (kernel, initrd) = fake_guest(&sb);
-    let cfg = sb.config_with(&bins, &kernel, &initrd);
-    let mut hv = new_hypervisor(&cfg, hypervisor::discard_logger());
-    let err = hv.start_vm(&sb.vm_config()).await.unwrap_err().to_string();
+    let (hv, err) = start_with_failing_virtiofsd(
+        &sb,
+        "*'--sandbox namespace'*",
+        "fake: unshare: Operation not permitted",
+        1,
+    )
+    .await;
     eprintln!("{err}");
     assert!(
         err.starts_with("starting qemu failed: it exited with status 1"),
@@ -49,6 +67,36 @@ async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
     let fs_log = std::fs::read_to_string(sb.vm_config().run_dir.join("virtiofsd.log")).unwrap();
     assert!(fs_log.contains("Operation not permitted"), "{fs_log}");
     assert!(fs_log.contains("Waiting for vhost-user socket"), "{fs_log}");
+    assert!(hv.pids().is_empty());
+    assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}
+
+/// The rootfs share's virtiofsd dies (in both sandbox modes) while the share's virtiofsd
+/// and the vsock backend start beside it: the error names it and quotes its own log, and
+/// the other two are stopped.
+#[tokio::test]
+async fn dying_rootfs_virtiofsd_is_reported_and_the_other_helpers_stopped() {
+    let _serial = SERIAL.lock().await;
+    if !common::helpers_installed() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let (hv, err) = start_with_failing_virtiofsd(
+        &sb,
+        "*virtiofsd-rootfs.sock*",
+        "fake: the rootfs share cannot start",
+        3,
+    )
+    .await;
+    eprintln!("{err}");
+    assert!(
+        err.starts_with("starting virtiofsd of the rootfs share failed: it exited with status 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("virtiofsd-rootfs.log:\nfake: the rootfs share cannot start"),
+        "{err}"
+    );
     assert!(hv.pids().is_empty());
     assert_eq!(sb.leftovers(), Vec::<i32>::new());
 }

@@ -32,8 +32,22 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub const SHARED_FS_TAG: &str = "kataShared";
 
 /// Where the guest mounts the virtio-fs share; container `<id>` has its rootfs at
-/// `<GUEST_SHARED_DIR>/<id>/rootfs`.
+/// `<GUEST_SHARED_DIR>/<id>/rootfs` unless the VM has the rootfs share.
 pub const GUEST_SHARED_DIR: &str = "/run/kata-containers/shared/containers";
+
+/// The virtio-fs tag of the rootfs share: the same host directory as [`SHARED_FS_TAG`]'s,
+/// exported by a second virtiofsd with its own cache policy
+/// (`virtio_fs_rootfs_cache`), and read by the guest for container root filesystems
+/// only. A VM has it when that policy differs from the volumes' (`virtio_fs_cache`).
+pub const ROOTFS_FS_TAG: &str = "kataRootfs";
+
+/// Where the guest mounts the rootfs share; container `<id>` then has its rootfs at
+/// `<GUEST_ROOTFS_DIR>/<id>/rootfs`.
+pub const GUEST_ROOTFS_DIR: &str = "/run/kata-containers/shared/rootfs";
+
+/// The guest kernel command line word that tells the agent the VM has the rootfs share
+/// ([`ROOTFS_FS_TAG`]), to mount at [`GUEST_ROOTFS_DIR`] at boot.
+pub const ROOTFS_SHARE_PARAM: &str = "agent.rootfs_share";
 
 /// The message kata-agent writes to the guest console once its API is listening.
 pub const AGENT_READY_MESSAGE: &str = "serving the agent API";

@@ -160,6 +160,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
             "hypervisor.qemu.virtio_fs_cache",
             word(q.virtio_fs_cache.as_str()),
         ),
+        (
+            "hypervisor.qemu.virtio_fs_rootfs_cache",
+            word(q.virtio_fs_rootfs_cache.as_str()),
+        ),
         ("hypervisor.qemu.vsock_backend", path(&q.vsock_backend)),
         ("hypervisor.qemu.accelerator", word(q.accelerator.as_str())),
         ("hypervisor.builtin.path", path(&b.path)),
@@ -175,6 +179,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
         (
             "hypervisor.builtin.virtio_fs_cache",
             word(b.virtio_fs_cache.as_str()),
+        ),
+        (
+            "hypervisor.builtin.virtio_fs_rootfs_cache",
+            word(b.virtio_fs_rootfs_cache.as_str()),
         ),
         (
             "agent.kata.dial_timeout",

@@ -56,6 +56,9 @@ pub enum SandboxError {
 
 pub struct Sandbox {
     pub shared: SharedDirs,
+    /// Where the guest finds container `<id>`'s rootfs directory `<id>/rootfs`: the
+    /// rootfs share's mount when the VM has one, else the share's.
+    pub guest_rootfs_root: &'static str,
     agent: Arc<dyn Agent>,
     /// The host pid containerd sees for every task of this sandbox (the VMM's, as Kata).
     task_pid: u32,
@@ -192,6 +195,7 @@ impl Sandbox {
         };
         let sb = Arc::new(Sandbox {
             shared,
+            guest_rootfs_root: hypervisor::guest_rootfs_root(cfg),
             agent: Arc::new(agent),
             task_pid: info.vmm_pid.max(0) as u32,
             console_log: Some(info.console_log.clone()),
@@ -321,6 +325,7 @@ impl Sandbox {
                 ..Default::default()
             }),
             shared,
+            guest_rootfs_root: protocols::GUEST_SHARED_DIR,
             agent,
             task_pid: 4242,
             console_log: None,

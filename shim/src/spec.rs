@@ -112,6 +112,16 @@ pub fn sandbox_spec(spec: &Value) -> SandboxSpec {
     }
 }
 
+/// Points `spec`'s root at container `cid`'s rootfs as the guest sees it, under
+/// `rootfs_root` (the mount of the share that carries root filesystems). `spec` has been
+/// through [`rewrite_for_guest`], so its root is an object.
+pub fn set_guest_rootfs(spec: &mut Value, rootfs_root: &str, cid: &str) {
+    let path = Path::new(rootfs_root).join(cid).join("rootfs");
+    if let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
+        root.insert("path".into(), Value::String(path.display().to_string()));
+    }
+}
+
 /// Rewrites `spec` for the guest and returns the host binds it now relies on.
 /// `pod_member`: the container belongs to another container's pod sandbox, and shares
 /// the namespaces its spec names by path with the pod (see [`protocols::GUEST_SANDBOX_NS_DIR`]).
@@ -124,16 +134,13 @@ pub fn rewrite_for_guest(
     let obj = spec
         .as_object_mut()
         .ok_or_else(|| SpecError::Invalid("the top level is not an object".into()))?;
+    // Its path is set per sandbox (see [`set_guest_rootfs`]).
     let root = obj
         .entry("root")
         .or_insert_with(|| Value::Object(Default::default()));
-    let root = root
-        .as_object_mut()
-        .ok_or_else(|| SpecError::Invalid("root is not an object".into()))?;
-    root.insert(
-        "path".into(),
-        Value::String(guest_dir.join("rootfs").display().to_string()),
-    );
+    if !root.is_object() {
+        return Err(SpecError::Invalid("root is not an object".into()));
+    }
 
     let mut binds = Vec::new();
     if let Some(mounts) = obj.get_mut("mounts").and_then(Value::as_array_mut) {
@@ -248,9 +255,15 @@ mod tests {
             "unknownField": 1
         });
         let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        set_guest_rootfs(&mut spec, protocols::GUEST_SHARED_DIR, "c1");
         assert_eq!(
             spec["root"]["path"],
             "/run/kata-containers/shared/containers/c1/rootfs"
+        );
+        set_guest_rootfs(&mut spec, protocols::GUEST_ROOTFS_DIR, "c1");
+        assert_eq!(
+            spec["root"]["path"],
+            "/run/kata-containers/shared/rootfs/c1/rootfs"
         );
         assert_eq!(spec["mounts"][0]["source"], "proc");
         assert_eq!(

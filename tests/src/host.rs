@@ -27,8 +27,13 @@ pub enum Part {
     Shim,
     /// The VMM (qemu-system-x86_64 or kata-vmm).
     Vmm,
-    /// virtiofsd sharing the sandbox's files.
+    /// virtiofsd sharing the sandbox's files (the share: volumes, and root filesystems
+    /// when there is no rootfs share).
     Virtiofsd,
+    /// The second virtiofsd, of the rootfs share (`virtiofsd-rootfs.sock`), which root
+    /// filesystems come through when `virtio_fs_rootfs_cache` differs from
+    /// `virtio_fs_cache` (the default).
+    RootfsVirtiofsd,
     /// kata-vsock, the vhost-user vsock backend.
     VsockBackend,
 }
@@ -39,7 +44,7 @@ impl Part {
         match self {
             Part::Shim => &["shim"],
             Part::Vmm => &["VM", "qemu"],
-            Part::Virtiofsd => &["virtiofsd"],
+            Part::Virtiofsd | Part::RootfsVirtiofsd => &["virtiofsd"],
             Part::VsockBackend => &["kata-vsock"],
         }
     }
@@ -76,7 +81,9 @@ fn classify(id: &str, cmdline: &str) -> Option<Part> {
         return None;
     }
     let program = cmdline.split_whitespace().next().unwrap_or("");
-    if program.contains("virtiofsd") {
+    if program.contains("virtiofsd") && cmdline.contains("/virtiofsd-rootfs.sock") {
+        Some(Part::RootfsVirtiofsd)
+    } else if program.contains("virtiofsd") {
         Some(Part::Virtiofsd)
     } else if program.contains("kata-vsock") {
         Some(Part::VsockBackend)
@@ -136,7 +143,7 @@ pub fn pid_of(id: &str, part: Part) -> Option<i32> {
     let wanted = match part {
         Part::Shim => vec![recorded.shim_pid],
         Part::Vmm => vec![recorded.vmm_pid],
-        Part::Virtiofsd | Part::VsockBackend => recorded.helper_pids,
+        Part::Virtiofsd | Part::RootfsVirtiofsd | Part::VsockBackend => recorded.helper_pids,
     };
     candidates
         .iter()
@@ -356,6 +363,9 @@ mod tests {
         assert_eq!(classify(id, qemu), Some(Part::Vmm));
         let fsd = "/usr/local/bin/virtiofsd --socket-path /run/vc/vm/s1/virtiofsd.sock";
         assert_eq!(classify(id, fsd), Some(Part::Virtiofsd));
+        let rootfs_fsd =
+            "/usr/local/bin/virtiofsd --socket-path /run/vc/vm/s1/virtiofsd-rootfs.sock";
+        assert_eq!(classify(id, rootfs_fsd), Some(Part::RootfsVirtiofsd));
         let vsock = "/t/kata-vsock --vm guest-cid=3,socket=/run/vc/vm/s1/vhost-vsock.sock";
         assert_eq!(classify(id, vsock), Some(Part::VsockBackend));
         // Another sandbox whose id starts the same.

@@ -1,5 +1,5 @@
 //! Reliability under faults, through containerd and ctr as users drive them: kill -9 of each
-//! part of a sandbox (the shim, the VMM, virtiofsd, the vsock backend) at each step of a
+//! part of a sandbox (the shim, the VMM, either virtiofsd, the vsock backend) at each step of a
 //! container's life (boot, created, running, exec, delete), containerd restarted under a
 //! running sandbox, and the shim killed while containerd is down.
 //!
@@ -256,6 +256,11 @@ fn virtiofsd_killed_during_boot() {
 }
 
 #[test]
+fn rootfs_virtiofsd_killed_during_boot() {
+    killed_during_boot("rfsd-boot", Part::RootfsVirtiofsd);
+}
+
+#[test]
 fn vsock_backend_killed_during_boot() {
     killed_during_boot("vsock-boot", Part::VsockBackend);
 }
@@ -413,6 +418,11 @@ fn vmm_killed_while_running() {
 #[test]
 fn virtiofsd_killed_while_running() {
     killed_while_running("fsd-running", Part::Virtiofsd);
+}
+
+#[test]
+fn rootfs_virtiofsd_killed_while_running() {
+    killed_while_running("rfsd-running", Part::RootfsVirtiofsd);
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! The builtin backend: spawns `kata-vmm --config <run_dir>/vmm.json` (the `vmm` crate's
 //! KVM VMM) and waits until it is running the guest.
 //!
-//! kata-vmm serves the agent's hybrid vsock socket itself; the one helper is virtiofsd,
-//! started first, whose socket kata-vmm's virtio-fs frontend connects to while it builds
-//! the VM. Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run;
+//! kata-vmm serves the agent's hybrid vsock socket itself; the one helper is virtiofsd
+//! (two with the rootfs share, see [`crate::virtiofsd`]), started first, whose socket
+//! kata-vmm's virtio-fs frontend connects to while it builds the VM. Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run;
 //! the agent socket exists from before that. Stop is kill + reap by pid, as for QEMU; a
 //! failed start stops whatever it had started.
 //!
@@ -23,8 +23,9 @@ use crate::accel::{self, Accel};
 use crate::process::{
     exit_description, live_helpers, remove_files, stop_started, Daemon, Place, RunningVm, POLL,
 };
-use crate::virtiofsd::{log_command, Virtiofsd};
+use crate::virtiofsd::{log_command, FsFiles, Shares};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
+use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 pub mod vmm_json;
 
@@ -50,10 +51,10 @@ pub struct BuiltinLayout {
     pub console_log: PathBuf,
     /// kata-vmm's own stdout and stderr (JSON lines).
     pub vmm_log: PathBuf,
-    /// vhost-user socket of virtiofsd (virtiofsd listens, kata-vmm connects).
-    pub virtiofsd_socket: PathBuf,
-    /// virtiofsd's stdout and stderr.
-    pub virtiofsd_log: PathBuf,
+    /// virtiofsd of the share (virtiofsd listens, kata-vmm connects).
+    pub fs: FsFiles,
+    /// virtiofsd of the rootfs share, when the VM has one.
+    pub rootfs_fs: FsFiles,
 }
 
 impl BuiltinLayout {
@@ -64,22 +65,18 @@ impl BuiltinLayout {
             agent_socket: run_dir.join("kata.hvsock"),
             console_log: run_dir.join("console.log"),
             vmm_log: run_dir.join("kata-vmm.log"),
-            virtiofsd_socket: run_dir.join("virtiofsd.sock"),
-            virtiofsd_log: run_dir.join("virtiofsd.log"),
+            fs: FsFiles::new(run_dir, "virtiofsd"),
+            rootfs_fs: FsFiles::new(run_dir, "virtiofsd-rootfs"),
         }
     }
 
     /// Files a previous run may have left behind that a new run must not find
     /// (virtiofsd's pid file sits next to its socket).
     fn stale_files(&self) -> Vec<PathBuf> {
-        let mut pid_file = self.virtiofsd_socket.clone().into_os_string();
-        pid_file.push(".pid");
-        vec![
-            self.ready_file.clone(),
-            self.agent_socket.clone(),
-            self.virtiofsd_socket.clone(),
-            pid_file.into(),
-        ]
+        let mut files = vec![self.ready_file.clone(), self.agent_socket.clone()];
+        files.extend(self.fs.stale_files());
+        files.extend(self.rootfs_fs.stale_files());
+        files
     }
 }
 
@@ -88,6 +85,10 @@ pub fn kernel_cmdline(config: &BuiltinConfig, debug: bool) -> String {
     let mut cmdline = BASE_KERNEL_PARAMS.to_string();
     if !debug {
         cmdline.push_str(" quiet");
+    }
+    if config.rootfs_share().is_some() {
+        cmdline.push(' ');
+        cmdline.push_str(ROOTFS_SHARE_PARAM);
     }
     let extra = config.kernel_params.trim();
     if !extra.is_empty() {
@@ -126,11 +127,7 @@ pub fn vmm_config(
             guest_cid: GUEST_CID.into(),
             uds_path: layout.agent_socket.clone(),
         }),
-        fs: vec![vmm_json::FsConfig {
-            socket: layout.virtiofsd_socket.clone(),
-            tag: SHARED_FS_TAG.into(),
-            queue_size: vmm_json::DEFAULT_FS_QUEUE_SIZE,
-        }],
+        fs: fs_devices(config, layout),
         block: Vec::new(),
         net: net
             .iter()
@@ -145,6 +142,20 @@ pub fn vmm_config(
     };
     vmm.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(vmm)
+}
+
+/// The share's virtio-fs device, and the rootfs share's when the VM has one.
+fn fs_devices(config: &BuiltinConfig, layout: &BuiltinLayout) -> Vec<vmm_json::FsConfig> {
+    let device = |files: &FsFiles, tag: &str| vmm_json::FsConfig {
+        socket: files.socket.clone(),
+        tag: tag.into(),
+        queue_size: vmm_json::DEFAULT_FS_QUEUE_SIZE,
+    };
+    let mut fs = vec![device(&layout.fs, SHARED_FS_TAG)];
+    if config.rootfs_share().is_some() {
+        fs.push(device(&layout.rootfs_fs, ROOTFS_FS_TAG));
+    }
+    fs
 }
 
 /// Writes `vmm` to `path` as JSON.
@@ -224,17 +235,23 @@ impl Builtin {
     ) -> Result<i32, Error> {
         // kata-vmm runs in the pod's network namespace, where it opens its taps by name.
         let place = Place::new(cfg, true)?;
-        Virtiofsd {
+        let (mut share_pids, mut rootfs_pids) = (Vec::new(), Vec::new());
+        let shares = Shares {
             program: &self.config.virtio_fs_daemon,
-            cache: self.config.virtio_fs_cache,
-            socket: &layout.virtiofsd_socket,
             shared_dir: &cfg.shared_dir,
-            log: layout.virtiofsd_log.clone(),
+            share: (self.config.virtio_fs_cache, &layout.fs),
+            rootfs: self
+                .config
+                .rootfs_share()
+                .map(|cache| (cache, &layout.rootfs_fs)),
             debug: cfg.debug,
             place: &place,
         }
-        .start(&self.logger, started)
-        .await?;
+        .start(&self.logger, &mut share_pids, &mut rootfs_pids)
+        .await;
+        started.extend(share_pids);
+        started.extend(rootfs_pids);
+        shares?;
         write_vmm_config(
             &layout.config,
             &vmm_config(&self.config, layout, cfg.debug, &cfg.net)?,

@@ -15,6 +15,7 @@ fn config(dir: &Path) -> BuiltinConfig {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd")),
         virtio_fs_cache: kata_config::VirtioFsCache::Auto,
+        virtio_fs_rootfs_cache: kata_config::VirtioFsCache::Always,
     }
 }
 
@@ -24,7 +25,7 @@ fn cmdline_and_vmm_json() {
     let c = config(dir);
     assert_eq!(
         kernel_cmdline(&c, false),
-        format!("{BASE_KERNEL_PARAMS} quiet agent.log=debug")
+        format!("{BASE_KERNEL_PARAMS} quiet agent.rootfs_share agent.log=debug")
     );
     let layout = BuiltinLayout::new(dir);
     let json: serde_json::Value =
@@ -38,7 +39,22 @@ fn cmdline_and_vmm_json() {
     assert_eq!(json["ready_file"], "/run/vc/sb1/vmm.ready");
     assert_eq!(json["fs"][0]["socket"], "/run/vc/sb1/virtiofsd.sock");
     assert_eq!(json["fs"][0]["tag"], "kataShared");
+    assert_eq!(json["fs"][1]["socket"], "/run/vc/sb1/virtiofsd-rootfs.sock");
+    assert_eq!(json["fs"][1]["tag"], "kataRootfs");
     assert!(!json["cmdline"].as_str().unwrap().contains("quiet"));
+}
+
+/// One cache policy for volumes and root filesystems: one virtio-fs device, and no word
+/// telling the agent to look for a second.
+#[test]
+fn one_policy_means_one_share() {
+    let dir = Path::new("/run/vc/sb1");
+    let mut c = config(dir);
+    c.virtio_fs_rootfs_cache = c.virtio_fs_cache;
+    assert!(!kernel_cmdline(&c, false).contains(ROOTFS_SHARE_PARAM));
+    let vmm = vmm_config(&c, &BuiltinLayout::new(dir), false, &[]).unwrap();
+    assert_eq!(vmm.fs.len(), 1);
+    assert_eq!(vmm.fs[0].tag, SHARED_FS_TAG);
 }
 
 #[test]
@@ -139,8 +155,9 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
     let (mut backend, vm) = backend_in(dir.path(), vmm, kernel);
     let info = backend.start_vm(&vm).await.unwrap();
-    // kata-vmm and the virtiofsd its virtio-fs frontend is connected to.
-    assert_eq!(info.helper_pids.len(), 1, "{info:?}");
+    // kata-vmm and the two virtiofsds (share and rootfs share) its virtio-fs frontends
+    // are connected to.
+    assert_eq!(info.helper_pids.len(), 2, "{info:?}");
     let mut pids = vec![info.vmm_pid];
     pids.extend(&info.helper_pids);
     assert_eq!(backend.pids(), pids);
@@ -192,12 +209,14 @@ async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
     let e = backend.start_vm(&vm).await.unwrap_err().to_string();
     assert!(e.contains("kata-vmm"), "{e}");
     assert!(backend.pids().is_empty());
-    // virtiofsd was started first; it must be gone along with its socket.
-    let socket = run_dir.join("virtiofsd.sock");
-    assert!(!socket.exists());
-    let out = Command::new("pgrep")
-        .args(["-f", &socket.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(out.stdout.is_empty(), "virtiofsd survived: {:?}", out);
+    // The virtiofsds were started first; they must be gone along with their sockets.
+    for name in ["virtiofsd.sock", "virtiofsd-rootfs.sock"] {
+        let socket = run_dir.join(name);
+        assert!(!socket.exists(), "{name} left behind");
+        let out = Command::new("pgrep")
+            .args(["-f", &socket.display().to_string()])
+            .output()
+            .unwrap();
+        assert!(out.stdout.is_empty(), "virtiofsd survived: {:?}", out);
+    }
 }

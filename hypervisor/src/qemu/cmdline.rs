@@ -8,6 +8,7 @@ use kata_config::QemuConfig;
 use super::layout::RunDirLayout;
 use crate::accel::Accel;
 use crate::SHARED_FS_TAG;
+use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 /// The guest kernel command line before the user's `kernel_params`. `reboot=t` with
 /// `-no-reboot` makes a guest reboot (or panic, with `panic=-1`) end QEMU.
@@ -73,6 +74,10 @@ pub fn kernel_cmdline(
             cmdline.push_str(clock);
         }
     }
+    if config.rootfs_share().is_some() {
+        cmdline.push(' ');
+        cmdline.push_str(ROOTFS_SHARE_PARAM);
+    }
     let extra = config.kernel_params.trim();
     if !extra.is_empty() {
         cmdline.push(' ');
@@ -132,14 +137,17 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         format!("socket,id=vsock,path={}", opt_path(&l.layout.vsock_socket)),
         "-device".into(),
         "vhost-user-vsock-device,chardev=vsock".into(),
-        "-chardev".into(),
-        format!("socket,id=fs,path={}", opt_path(&l.layout.virtiofsd_socket)),
-        "-device".into(),
-        format!("vhost-user-fs-device,chardev=fs,tag={SHARED_FS_TAG},queue-size={FS_QUEUE_SIZE}"),
-        "-device".into(),
-        BALLOON.into(),
     ];
     let mut args: Vec<String> = args.into();
+    args.extend(fs_device("fs", &l.layout.fs.socket, SHARED_FS_TAG));
+    if l.config.rootfs_share().is_some() {
+        args.extend(fs_device(
+            "rootfs",
+            &l.layout.rootfs_fs.socket,
+            ROOTFS_FS_TAG,
+        ));
+    }
+    args.extend(["-device".into(), BALLOON.into()]);
     for (i, nic) in l.net.iter().enumerate() {
         // The tap exists already (the shim made it, with its tc redirects); QEMU attaches
         // to it by name and runs no scripts.
@@ -154,6 +162,16 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         ]);
     }
     args
+}
+
+/// A virtio-fs device with `tag`, served by the virtiofsd listening on `socket`.
+fn fs_device(id: &str, socket: &Path, tag: &str) -> [String; 4] {
+    [
+        "-chardev".into(),
+        format!("socket,id={id},path={}", opt_path(socket)),
+        "-device".into(),
+        format!("vhost-user-fs-device,chardev={id},tag={tag},queue-size={FS_QUEUE_SIZE}"),
+    ]
 }
 
 /// vhost-device-vsock's arguments: one VM, hybrid vsock on the agent socket.
@@ -231,7 +249,7 @@ virtio_fs_cache = "never"
              -object memory-backend-memfd,id=mem,size=256M,share=on \
              -nodefaults -no-user-config -nographic -no-reboot \
              -kernel /k/vmlinux -initrd /k/initrd.img \
-             -append console=ttyS0 reboot=t panic=-1 no_timer_check quiet init_on_alloc=1 nolapic_timer agent.log=debug \
+             -append console=ttyS0 reboot=t panic=-1 no_timer_check quiet init_on_alloc=1 nolapic_timer agent.rootfs_share agent.log=debug \
              -chardev file,id=console,path=/run/vc/sb1/console.log -serial chardev:console \
              -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
              -mon chardev=qmp,mode=control \
@@ -239,13 +257,15 @@ virtio_fs_cache = "never"
              -device vhost-user-vsock-device,chardev=vsock \
              -chardev socket,id=fs,path=/run/vc/sb1/virtiofsd.sock \
              -device vhost-user-fs-device,chardev=fs,tag=kataShared,queue-size=1024 \
+             -chardev socket,id=rootfs,path=/run/vc/sb1/virtiofsd-rootfs.sock \
+             -device vhost-user-fs-device,chardev=rootfs,tag=kataRootfs,queue-size=1024 \
              -device virtio-balloon-device,free-page-reporting=on"
         );
         // The kernel command line is one argument.
         let i = args.iter().position(|a| a == "-append").unwrap();
         assert_eq!(
             args[i + 1],
-            "console=ttyS0 reboot=t panic=-1 no_timer_check quiet init_on_alloc=1 nolapic_timer agent.log=debug"
+            "console=ttyS0 reboot=t panic=-1 no_timer_check quiet init_on_alloc=1 nolapic_timer agent.rootfs_share agent.log=debug"
         );
     }
 
@@ -268,10 +288,33 @@ virtio_fs_cache = "never"
         assert!(!s.contains("quiet"), "{s}");
     }
 
+    /// One cache policy for volumes and root filesystems: one virtio-fs device, and no
+    /// word telling the agent to look for a second.
+    #[test]
+    fn one_policy_means_one_share() {
+        let mut config = config();
+        config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
+        let layout = RunDirLayout::new(Path::new("/r"));
+        let s = joined(&qemu_args(&QemuLaunch {
+            config: &config,
+            layout: &layout,
+            accel: Accel::Kvm,
+            sandbox_id: "x",
+            debug: false,
+            net: &[],
+            tcg_clock: None,
+        }));
+        assert_eq!(s.matches("vhost-user-fs-device").count(), 1, "{s}");
+        assert!(s.contains("tag=kataShared"), "{s}");
+        assert!(!s.contains("kataRootfs"), "{s}");
+        assert!(!s.contains(ROOTFS_SHARE_PARAM), "{s}");
+    }
+
     #[test]
     fn empty_kernel_params_add_nothing() {
         let mut config = config();
         config.kernel_params = "  ".into();
+        config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
         assert_eq!(
             kernel_cmdline(&config, Accel::Kvm, false, Some("tsc_early_khz=1")),
             "console=ttyS0 reboot=t panic=-1 no_timer_check quiet"
@@ -320,7 +363,7 @@ virtio_fs_cache = "never"
             tcg_clock: Some("tsc_early_khz=2600000 tsc=reliable"),
         }));
         assert!(
-            s.contains("nolapic_timer tsc_early_khz=2600000 tsc=reliable agent.log=debug"),
+            s.contains("nolapic_timer tsc_early_khz=2600000 tsc=reliable agent.rootfs_share agent.log=debug"),
             "{s}"
         );
         assert!(

@@ -2,11 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::virtiofsd::FsFiles;
+
 /// Paths of the sockets and logs in a sandbox's run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunDirLayout {
-    /// vhost-user socket of virtiofsd (virtiofsd listens, QEMU connects).
-    pub virtiofsd_socket: PathBuf,
+    /// virtiofsd of the share.
+    pub fs: FsFiles,
+    /// virtiofsd of the rootfs share, when the VM has one.
+    pub rootfs_fs: FsFiles,
     /// vhost-user socket of the vsock backend (the backend listens, QEMU connects).
     pub vsock_socket: PathBuf,
     /// Hybrid vsock socket the shim dials the agent on.
@@ -17,35 +21,33 @@ pub struct RunDirLayout {
     pub console_log: PathBuf,
     /// stdout and stderr of each process.
     pub qemu_log: PathBuf,
-    pub virtiofsd_log: PathBuf,
     pub vsock_log: PathBuf,
 }
 
 impl RunDirLayout {
     pub fn new(run_dir: &Path) -> Self {
         Self {
-            virtiofsd_socket: run_dir.join("virtiofsd.sock"),
+            fs: FsFiles::new(run_dir, "virtiofsd"),
+            rootfs_fs: FsFiles::new(run_dir, "virtiofsd-rootfs"),
             vsock_socket: run_dir.join("vhost-vsock.sock"),
             agent_socket: run_dir.join("kata.hvsock"),
             qmp_socket: run_dir.join("qmp.sock"),
             console_log: run_dir.join("console.log"),
             qemu_log: run_dir.join("qemu.log"),
-            virtiofsd_log: run_dir.join("virtiofsd.log"),
             vsock_log: run_dir.join("vhost-vsock.log"),
         }
     }
 
-    /// Sockets (and virtiofsd's pid file) that a previous run may have left behind and
+    /// Sockets (and virtiofsd's pid files) that a previous run may have left behind and
     /// that a new run must not find.
     pub fn stale_files(&self) -> Vec<PathBuf> {
-        let mut pid_file = self.virtiofsd_socket.clone().into_os_string();
-        pid_file.push(".pid");
-        vec![
-            self.virtiofsd_socket.clone(),
-            pid_file.into(),
+        let mut files: Vec<PathBuf> = self.fs.stale_files().into();
+        files.extend(self.rootfs_fs.stale_files());
+        files.extend([
             self.vsock_socket.clone(),
             self.agent_socket.clone(),
             self.qmp_socket.clone(),
-        ]
+        ]);
+        files
     }
 }

@@ -1,7 +1,8 @@
 //! The QEMU backend: `qemu-system-x86_64 -M microvm` with vhost-user helpers.
 //!
-//! Start order: virtiofsd (virtio-fs, tag `kataShared`) and the vsock backend (vsock
-//! with a hybrid vsock unix socket for the agent) side by side, each waited for until its
+//! Start order: virtiofsd (virtio-fs, tag `kataShared`; and a second one, tag
+//! `kataRootfs`, when the VM has the rootfs share) and the vsock backend (vsock with a
+//! hybrid vsock unix socket for the agent) side by side, each waited for until its
 //! sockets appear, then QEMU, waited for until its QMP greeting (machine set up, guest
 //! running).
 //! If a step fails, everything already started is killed and reaped, and the error names
@@ -31,7 +32,7 @@ use crate::process::{
     exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon, Place,
     RunningVm, Wait, POLL,
 };
-use crate::virtiofsd::{log_command, Virtiofsd};
+use crate::virtiofsd::{log_command, Shares};
 use crate::{Error, Hypervisor, VmConfig, VmInfo};
 use cmdline::QemuLaunch;
 use layout::RunDirLayout;
@@ -67,15 +68,17 @@ impl Qemu {
     ) -> Result<i32, Error> {
         // QEMU runs in the pod's network namespace, where its taps are.
         let place = Place::new(cfg, true)?;
-        // The two helpers start side by side: QEMU needs both sockets, and each daemon
-        // spends most of its start-up on its own (virtiofsd on its sandbox).
-        let mut fs_pids = Vec::new();
-        let mut vsock_pids = Vec::new();
+        // The helpers start side by side: QEMU needs every socket, and each daemon spends
+        // most of its start-up on its own (virtiofsd on its sandbox).
+        // Each keeps its own pids: when one fails, try_join drops the others midway.
+        let (mut fs_pids, mut rootfs_fs_pids, mut vsock_pids) =
+            (Vec::new(), Vec::new(), Vec::new());
         let helpers = tokio::try_join!(
-            self.start_virtiofsd(cfg, layout, &place, &mut fs_pids),
+            self.start_virtiofsd(cfg, layout, &place, &mut fs_pids, &mut rootfs_fs_pids),
             self.start_vsock_backend(cfg, layout, &place, &mut vsock_pids),
         );
         started.extend(fs_pids);
+        started.extend(rootfs_fs_pids);
         started.extend(vsock_pids);
         helpers?;
 
@@ -107,18 +110,19 @@ impl Qemu {
         cfg: &VmConfig,
         layout: &RunDirLayout,
         place: &Place,
-        started: &mut Vec<i32>,
+        share_pids: &mut Vec<i32>,
+        rootfs_pids: &mut Vec<i32>,
     ) -> Result<(), Error> {
-        Virtiofsd {
+        let rootfs = self.config.rootfs_share();
+        Shares {
             program: &self.config.virtio_fs_daemon,
-            cache: self.config.virtio_fs_cache,
-            socket: &layout.virtiofsd_socket,
             shared_dir: &cfg.shared_dir,
-            log: layout.virtiofsd_log.clone(),
+            share: (self.config.virtio_fs_cache, &layout.fs),
+            rootfs: rootfs.map(|cache| (cache, &layout.rootfs_fs)),
             debug: cfg.debug,
             place,
         }
-        .start(&self.logger, started)
+        .start(&self.logger, share_pids, rootfs_pids)
         .await
     }
 

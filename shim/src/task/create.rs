@@ -189,7 +189,9 @@ impl Inner {
             .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         sb.add_mounts(&mounts);
         let agent = sb.agent();
-        let spec_bytes = match serde_json::to_vec(&p.spec) {
+        let mut spec = p.spec.clone();
+        spec::set_guest_rootfs(&mut spec, sb.guest_rootfs_root, &req.id);
+        let spec_bytes = match serde_json::to_vec(&spec) {
             Ok(b) => b,
             Err(e) => {
                 undo_mounts(sb, &mounts, &share_dir);
