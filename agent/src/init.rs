@@ -128,12 +128,6 @@ pub fn mount_base() -> Result<(), InitError> {
     Ok(())
 }
 
-/// Mounts the sandbox's virtio-fs share, where the shim puts volumes (and container
-/// root filesystems, unless the VM has the rootfs share).
-pub fn mount_shared_dir() -> Result<(), InitError> {
-    mount_virtiofs(protocols::SHARED_FS_TAG, protocols::GUEST_SHARED_DIR)
-}
-
 /// Whether the kernel command line `cmdline` says the VM has the rootfs share.
 pub fn has_rootfs_share(cmdline: &str) -> bool {
     cmdline
@@ -141,9 +135,15 @@ pub fn has_rootfs_share(cmdline: &str) -> bool {
         .any(|w| w == protocols::ROOTFS_SHARE_PARAM)
 }
 
-/// Mounts the rootfs share, which the shim names containers' root filesystems on.
-pub fn mount_rootfs_share() -> Result<(), InitError> {
-    mount_virtiofs(protocols::ROOTFS_FS_TAG, protocols::GUEST_ROOTFS_DIR)
+/// Mounts the sandbox's virtio-fs share, where the shim puts volumes, and, when the VM
+/// has it, the rootfs share, which the shim names containers' root filesystems on
+/// (without it they are on the first).
+pub fn mount_shares(rootfs_share: bool) -> Result<(), InitError> {
+    mount_virtiofs(protocols::SHARED_FS_TAG, protocols::GUEST_SHARED_DIR)?;
+    if rootfs_share {
+        mount_virtiofs(protocols::ROOTFS_FS_TAG, protocols::GUEST_ROOTFS_DIR)?;
+    }
+    Ok(())
 }
 
 fn mount_virtiofs(tag: &str, dir: &str) -> Result<(), InitError> {

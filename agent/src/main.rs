@@ -48,16 +48,7 @@ fn main() {
         // Read after the base mounts (procfs among them).
         let cmdline = std::fs::read_to_string("/proc/cmdline");
         let rootfs_share = cmdline.as_deref().is_ok_and(init::has_rootfs_share);
-        let shared = mounted
-            .and_then(|()| init::mount_shared_dir())
-            .and_then(|()| {
-                if rootfs_share {
-                    init::mount_rootfs_share()
-                } else {
-                    Ok(())
-                }
-            });
-        if let Err(e) = shared {
+        if let Err(e) = mounted.and_then(|()| init::mount_shares(rootfs_share)) {
             init::fatal(&log, &e.to_string());
         }
         // Where boot time goes, in ms since the kernel started.

@@ -3,8 +3,9 @@
 //!
 //! kata-vmm serves the agent's hybrid vsock socket itself; the one helper is virtiofsd
 //! (two with the rootfs share, see [`crate::virtiofsd`]), started first, whose socket
-//! kata-vmm's virtio-fs frontend connects to while it builds the VM. Readiness: kata-vmm writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run;
-//! the agent socket exists from before that. Stop is kill + reap by pid, as for QEMU; a
+//! kata-vmm's virtio-fs frontend connects to while it builds the VM. Readiness: kata-vmm
+//! writes `<run_dir>/vmm.ready` (its pid) once the vCPUs run; the agent socket exists
+//! from before that. Stop is kill + reap by pid, as for QEMU; a
 //! failed start stops whatever it had started.
 //!
 //! kata-vmm needs a KVM that runs guests at full speed (`kata-vmm check`); on an emulated

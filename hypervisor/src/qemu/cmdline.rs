@@ -224,6 +224,19 @@ virtio_fs_cache = "never"
         .qemu
     }
 
+    /// A TCG launch of sandbox `x` without debug, NICs or clock words.
+    fn launch<'a>(config: &'a QemuConfig, layout: &'a RunDirLayout) -> QemuLaunch<'a> {
+        QemuLaunch {
+            config,
+            layout,
+            accel: Accel::Tcg,
+            sandbox_id: "x",
+            debug: false,
+            net: &[],
+            tcg_clock: None,
+        }
+    }
+
     fn joined(args: &[String]) -> String {
         args.join(" ")
     }
@@ -233,13 +246,8 @@ virtio_fs_cache = "never"
         let config = config();
         let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
         let args = qemu_args(&QemuLaunch {
-            config: &config,
-            layout: &layout,
-            accel: Accel::Tcg,
             sandbox_id: "sb1",
-            debug: false,
-            net: &[],
-            tcg_clock: None,
+            ..launch(&config, &layout)
         });
         assert_eq!(
             joined(&args),
@@ -274,13 +282,9 @@ virtio_fs_cache = "never"
         let config = config();
         let layout = RunDirLayout::new(Path::new("/r"));
         let args = qemu_args(&QemuLaunch {
-            config: &config,
-            layout: &layout,
             accel: Accel::Kvm,
-            sandbox_id: "x",
             debug: true,
-            net: &[],
-            tcg_clock: None,
+            ..launch(&config, &layout)
         });
         let s = joined(&args);
         assert!(s.contains("-accel kvm -cpu host"), "{s}");
@@ -296,13 +300,8 @@ virtio_fs_cache = "never"
         config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
         let layout = RunDirLayout::new(Path::new("/r"));
         let s = joined(&qemu_args(&QemuLaunch {
-            config: &config,
-            layout: &layout,
             accel: Accel::Kvm,
-            sandbox_id: "x",
-            debug: false,
-            net: &[],
-            tcg_clock: None,
+            ..launch(&config, &layout)
         }));
         assert_eq!(s.matches("vhost-user-fs-device").count(), 1, "{s}");
         assert!(s.contains("tag=kataShared"), "{s}");
@@ -326,13 +325,8 @@ virtio_fs_cache = "never"
         let config = config();
         let layout = RunDirLayout::new(Path::new("/run/a,b"));
         let s = joined(&qemu_args(&QemuLaunch {
-            config: &config,
-            layout: &layout,
-            accel: Accel::Tcg,
             sandbox_id: "id,x",
-            debug: false,
-            net: &[],
-            tcg_clock: None,
+            ..launch(&config, &layout)
         }));
         assert!(s.contains("path=/run/a,,b/console.log"), "{s}");
         assert!(s.contains("-name sandbox-id,,x"), "{s}");
@@ -354,13 +348,9 @@ virtio_fs_cache = "never"
             },
         ];
         let s = joined(&qemu_args(&QemuLaunch {
-            config: &config,
-            layout: &layout,
-            accel: Accel::Tcg,
-            sandbox_id: "x",
-            debug: false,
             net: &net,
             tcg_clock: Some("tsc_early_khz=2600000 tsc=reliable"),
+            ..launch(&config, &layout)
         }));
         assert!(
             s.contains("nolapic_timer tsc_early_khz=2600000 tsc=reliable agent.rootfs_share agent.log=debug"),
