@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Builds the guest kernel (vmlinux, ELF with a PVH note) from Debian's linux-source-6.1
-# with tinyconfig + guest/kernel.fragment. Cached outside the repo by the hash of the
-# fragment and the source tarball; prints the path of the cached vmlinux.
+# Builds the guest kernel (vmlinux, ELF with a PVH note) from Debian's linux-source-6.12
+# with guest/patches/*.patch applied in order and tinyconfig + guest/kernel.fragment.
+# Cached outside the repo by the hash of the fragment, the patches, this script and the
+# source tarball's size; prints the path of the cached vmlinux.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-SRC_TAR=/usr/src/linux-source-6.1.tar.xz
+SRC_TAR=/usr/src/linux-source-6.12.tar.xz
 CACHE=${KATA_GUEST_CACHE:-/var/cache/kata-guest}
 [ -f "$SRC_TAR" ] || { echo "build-kernel: $SRC_TAR missing; run scripts/setup-host.sh" >&2; exit 1; }
 
-key=$( (sha256sum "$here/kernel.fragment" "$here/build-kernel.sh" | cut -d' ' -f1; stat -c %s "$SRC_TAR") | sha256sum | cut -c1-16)
+patches=("$here"/patches/*.patch)
+key=$( (sha256sum "$here/kernel.fragment" "$here/build-kernel.sh" "${patches[@]}" | cut -d' ' -f1
+        stat -c %s "$SRC_TAR") | sha256sum | cut -c1-16)
 out="$CACHE/kernel-$key"
 if [ -f "$out/vmlinux" ]; then
     echo "$out/vmlinux"
@@ -20,8 +23,11 @@ rm -rf "$work"
 mkdir -p "$work"
 echo "build-kernel: building guest kernel $key (several minutes)" >&2
 tar -xf "$SRC_TAR" -C "$work"
-ksrc="$work/linux-source-6.1"
+ksrc="$work/linux-source-6.12"
 cd "$ksrc"
+for p in "${patches[@]}"; do
+    patch -s -p1 --forward <"$p" >&2 || { echo "build-kernel: $p does not apply" >&2; exit 1; }
+done
 make -s tinyconfig >&2
 ./scripts/kconfig/merge_config.sh -m .config "$here/kernel.fragment" >/dev/null
 make -s olddefconfig >&2

@@ -26,7 +26,7 @@ SRC
     rm -f /var/lib/apt/periodic/kata-apt-updated
 fi
 
-PKGS=(containerd runc busybox-static linux-source-6.1 build-essential flex bison bc
+PKGS=(containerd runc busybox-static linux-source-6.12 patch build-essential flex bison bc
       libelf-dev libssl-dev cpio xz-utils pkg-config libseccomp-dev libcap-ng-dev
       iproute2 procps util-linux psmisc jq
       protobuf-compiler containernetworking-plugins iptables nftables)

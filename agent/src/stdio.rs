@@ -133,9 +133,11 @@ impl Attached {
 
     /// Copies between the process and `conn` as `protocols::stdio` says, until the
     /// stream ends or the process is removed. Returns the bytes moved. `sock` is the
-    /// socket under `conn`: a pipe's output goes into it with `splice(2)`, one copy in
-    /// the kernel instead of a read and a write through the agent (under emulation,
-    /// where every guest copy is dear, that is most of the stream's cost).
+    /// socket under `conn`: a pipe's output goes into it with `splice(2)`, and our guest
+    /// kernel hands the pipe's pages to the vsock device by reference
+    /// (`guest/patches/`), so output crosses to the host without a guest copy (under
+    /// emulation, where every guest copy is dear, a copy was most of the stream's cost).
+    /// On another kernel splice still saves the agent's read and write.
     pub async fn run<S>(self, conn: S, sock: RawFd) -> io::Result<u64>
     where
         S: AsyncRead + AsyncWrite + Unpin,

@@ -67,7 +67,8 @@ impl Virtiofsd<'_> {
             "--sandbox".into(),
             sandbox.as_str().into(),
             // No --announce-submounts: with it, our 6.1 guest crashed binaries run inside
-            // a chroot whose root is an announced submount (the container rootfs always is).
+            // a chroot whose root is an announced submount (the container rootfs always is;
+            // not retried since the guest moved to 6.12).
         ];
         if self.debug {
             args.extend(["--log-level".into(), "debug".into()]);

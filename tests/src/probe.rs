@@ -1,5 +1,5 @@
-//! Small C programs the tests compile statically on the host and bind into a container
-//! (busybox has no vsock client): `/probe/<name>` inside it.
+//! Small programs the tests compile statically on the host (or write out byte by byte)
+//! and bind into a container (busybox has no vsock client): `/probe/<name>` inside it.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,17 +14,7 @@ pub struct StaticProbe {
 impl StaticProbe {
     /// Compiles `source` with `gcc -static` as `name` (needs gcc and libc6-dev).
     pub fn build(name: &str, source: &str) -> StaticProbe {
-        // Unique per build: tests of one binary run in parallel, each with its own copy.
-        static BUILT: AtomicUsize = AtomicUsize::new(0);
-        let n = BUILT.fetch_add(1, Ordering::SeqCst);
-        let dir =
-            std::env::temp_dir().join(format!("kata-e2e-probe-{name}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the probe dir");
-        let probe = StaticProbe {
-            dir,
-            name: name.to_string(),
-        };
+        let probe = StaticProbe::empty(name);
         let src = probe.dir.join(format!("{name}.c"));
         std::fs::write(&src, source).expect("write the probe source");
         let out = Command::new("gcc")
@@ -39,6 +29,38 @@ impl StaticProbe {
             String::from_utf8_lossy(&out.stderr)
         );
         probe
+    }
+
+    /// A fresh directory for the probe `name`, unique per call: tests of one binary run
+    /// in parallel, each with its own copy.
+    fn empty(name: &str) -> StaticProbe {
+        static BUILT: AtomicUsize = AtomicUsize::new(0);
+        let n = BUILT.fetch_add(1, Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("kata-e2e-probe-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the probe dir");
+        StaticProbe {
+            dir,
+            name: name.to_string(),
+        }
+    }
+
+    /// Writes `bytes` as the executable `name` in a fresh directory (a program built by
+    /// the test itself, no compiler involved).
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> StaticProbe {
+        let probe = StaticProbe::empty(name);
+        probe.replace(bytes);
+        probe
+    }
+
+    /// Rewrites the program in place (same inode), as an editor or a `cp` over it would.
+    pub fn replace(&self, bytes: &[u8]) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.join(&self.name);
+        std::fs::write(&path, bytes).expect("write the probe");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .expect("make the probe executable");
     }
 
     /// The `ctr run --mount` option that shows the probe at /probe in the container.

@@ -156,31 +156,35 @@ impl<'a> TestQueue<'a> {
 
     /// Puts a packet on the (tx) queue as a header descriptor and a payload descriptor.
     pub fn add_tx_packet(&mut self, hdr: &PacketHeader, payload: &[u8]) {
+        let pieces: &[&[u8]] = if payload.is_empty() { &[] } else { &[payload] };
+        self.add_tx_packet_in_pieces(hdr, pieces);
+    }
+
+    /// Puts a packet on the (tx) queue as a header descriptor followed by one descriptor
+    /// per payload piece, as a Linux guest sends pages spliced into its socket (the skb's
+    /// frags, each a buffer of its own).
+    pub fn add_tx_packet_in_pieces(&mut self, hdr: &PacketHeader, pieces: &[&[u8]]) {
         let h = self.take_desc();
         self.mem
             .write_slice(&hdr.encode(), GuestAddress(self.slot(h)))
             .expect("header");
-        if payload.is_empty() {
-            let desc = SplitDescriptor::new(self.slot(h), HDR_SIZE as u32, 0, 0);
-            self.vq
-                .desc_table()
-                .store(h, RawDescriptor::from(desc))
-                .expect("desc");
-        } else {
+        let mut descs = vec![(h, HDR_SIZE as u32)];
+        for piece in pieces {
             let p = self.take_desc();
             self.mem
-                .write_slice(payload, GuestAddress(self.slot(p)))
+                .write_slice(piece, GuestAddress(self.slot(p)))
                 .expect("payload");
-            let next = VRING_DESC_F_NEXT as u16;
-            let hd = SplitDescriptor::new(self.slot(h), HDR_SIZE as u32, next, p);
-            let pd = SplitDescriptor::new(self.slot(p), payload.len() as u32, 0, 0);
+            descs.push((p, piece.len() as u32));
+        }
+        for (i, &(index, len)) in descs.iter().enumerate() {
+            let (flags, next) = match descs.get(i + 1) {
+                Some(&(next, _)) => (VRING_DESC_F_NEXT as u16, next),
+                None => (0, 0),
+            };
+            let desc = SplitDescriptor::new(self.slot(index), len, flags, next);
             self.vq
                 .desc_table()
-                .store(h, RawDescriptor::from(hd))
-                .expect("desc");
-            self.vq
-                .desc_table()
-                .store(p, RawDescriptor::from(pd))
+                .store(index, RawDescriptor::from(desc))
                 .expect("desc");
         }
         self.publish(h);
