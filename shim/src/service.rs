@@ -26,8 +26,22 @@ use crate::task::TaskService;
 pub struct Service {
     id: String,
     namespace: String,
+    /// containerd's address (`-address`), from which a sandbox's socket path follows.
+    address: String,
+    /// The daemon's own socket (`-socket`, `unix://...`); empty outside the daemon.
+    socket: String,
     debug: bool,
     exit: Arc<ExitSignal>,
+}
+
+/// Removes the shim socket at `address` (`unix://PATH`) unless a daemon still answers on it.
+fn remove_dead_socket(address: &str) {
+    let Some(path) = address.strip_prefix("unix://") else {
+        return;
+    };
+    if std::os::unix::net::UnixStream::connect(path).is_err() {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Reads the sandbox id of the container whose bundle is the current directory.
@@ -51,6 +65,8 @@ impl Shim for Service {
         Service {
             id: args.id.clone(),
             namespace: args.namespace.clone(),
+            address: args.address.clone(),
+            socket: args.socket.clone(),
             debug: args.debug,
             exit: Arc::new(ExitSignal::default()),
         }
@@ -88,6 +104,12 @@ impl Shim for Service {
             if let Ok(state) = SandboxState::load(&sandbox_id) {
                 cleanup_host(&state, &log).await;
             }
+            // A daemon that was killed never removed its socket.
+            remove_dead_socket(&containerd_shim::socket_address(
+                &self.address,
+                &self.namespace,
+                &sandbox_id,
+            ));
         } else {
             let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)
                 .mounts
@@ -110,6 +132,13 @@ impl Shim for Service {
 
     async fn wait(&mut self) {
         self.exit.wait().await;
+        // The containerd-shim crate removes the socket after this only if the bundle's
+        // `address` file is still there to read, and containerd may already have deleted
+        // the bundle once Shutdown returned (`ctr run --rm`): the socket was left behind.
+        // Connections already made (containerd's) are unaffected.
+        if let Some(path) = self.socket.strip_prefix("unix://") {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
