@@ -34,12 +34,13 @@ pub struct Service {
     exit: Arc<ExitSignal>,
 }
 
-/// Removes the shim socket at `address` (`unix://PATH`) unless a daemon still answers on it.
-fn remove_dead_socket(address: &str) {
+/// Removes the shim socket at `address` (`unix://PATH`); with `only_if_dead`, only when no
+/// daemon answers on it.
+fn remove_socket(address: &str, only_if_dead: bool) {
     let Some(path) = address.strip_prefix("unix://") else {
         return;
     };
-    if std::os::unix::net::UnixStream::connect(path).is_err() {
+    if !only_if_dead || std::os::unix::net::UnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -105,11 +106,9 @@ impl Shim for Service {
                 cleanup_host(&state, &log).await;
             }
             // A daemon that was killed never removed its socket.
-            remove_dead_socket(&containerd_shim::socket_address(
-                &self.address,
-                &self.namespace,
-                &sandbox_id,
-            ));
+            let address =
+                containerd_shim::socket_address(&self.address, &self.namespace, &sandbox_id);
+            remove_socket(&address, true);
         } else {
             let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)
                 .mounts
@@ -136,9 +135,7 @@ impl Shim for Service {
         // `address` file is still there to read, and containerd may already have deleted
         // the bundle once Shutdown returned (`ctr run --rm`): the socket was left behind.
         // Connections already made (containerd's) are unaffected.
-        if let Some(path) = self.socket.strip_prefix("unix://") {
-            let _ = std::fs::remove_file(path);
-        }
+        remove_socket(&self.socket, false);
     }
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
