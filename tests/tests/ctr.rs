@@ -109,6 +109,48 @@ fn stdin_env_and_cwd_reach_the_container() {
     assert_no_leftovers("env1");
 }
 
+/// 16 MiB piped into a container's stdin: thousands of the guest's 4 KiB vsock receive
+/// buffers used and posted again, which the guest kernel keeps to 128 at a time
+/// (guest/patches/0003).
+#[test]
+fn large_stdin_arrives_intact() {
+    const BLOCKS: usize = 4096;
+    let c = Containerd::start("bigin");
+    let mut data = vec![0u8; BLOCKS * 4096];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 24) as u8;
+    }
+    // dd stops after exactly BLOCKS blocks: ctr 1.6 never closes the container's stdin.
+    let script = format!("dd bs=4096 count={BLOCKS} iflag=fullblock 2>/dev/null | md5sum");
+    let mut child = c.spawn_run("bigin", &["--rm"], &["sh", "-c", &script]);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let payload = data.clone();
+    let writer = std::thread::spawn(move || stdin.write_all(&payload));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("waiting for ctr").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("16 MiB of stdin not consumed in 120 s\n{}", c.log_tail());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("ctr output");
+    let _ = writer.join();
+    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
+    let guest_sum = stdout(&out)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(guest_sum, md5_hex(&data), "the guest read other bytes");
+    assert_no_leftovers("bigin");
+}
+
 #[test]
 fn exec_into_a_running_container_and_kill_it() {
     let c = Containerd::start("exec");
