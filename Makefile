@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 TARGET := x86_64-unknown-linux-gnu
-AGENT_BIN := target/$(TARGET)/release/kata-agent
+AGENT_BIN := target/$(TARGET)/agent/kata-agent
 SHIM_BIN := target/release/containerd-shim-kata-v2
 VSOCK_BIN := target/release/kata-vsock
 VMM_BIN := target/release/kata-vmm
@@ -34,7 +34,7 @@ shim:
 	$(CARGO) build --release -p shim
 
 agent:
-	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release -p kata-agent --target $(TARGET)
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --profile agent -p kata-agent --target $(TARGET)
 
 build: shim agent vsock vmm runtime
 
