@@ -1,12 +1,18 @@
 """6: density. BENCH_DENSITY sandboxes started at once: time until all run, host memory
-used, how many were lost; then all are removed."""
+used, how many were lost; then all are removed. Next to it, the same count of bare boots
+of our kernel at once (the floor, as in `startup`), and one sandbox and one bare boot
+alone, so the table shows how much of the slow-down under load is the machine's and how
+much ours."""
 
 import json
+import os
+import re
+import subprocess
 import time
 
 from .host import mem_available_kib, our_sandboxes
 from .procs import reap, spawn
-from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
+from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, REPO, ab_order, log
 
 
 def density_once(h, side, count=DENSITY, remove=True):
@@ -54,13 +60,46 @@ def density_once(h, side, count=DENSITY, remove=True):
     return {"all_running_ms": t_all if lost == 0 else None, "lost": lost, "mem_mib": used,
             "mem_per_mib": used / len(running) if running else None}
 
+def floor_at_once(h, count):
+    """`count` bare boots (scripts/boot-floor.sh) spawned at once: ms until the last one
+    powered off, or None if any failed."""
+    cmd = ["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel, h.floor_initrd,
+           h.accel or "tcg"]
+    m0 = time.monotonic()
+    procs = [spawn(cmd, env=h.env, stdout=subprocess.PIPE) for _ in range(count)]
+    ok = True
+    for p in procs:
+        rc, out, err = reap(p, DENSITY_TIMEOUT)
+        if rc != 0 or not re.search(r"floor-boot-ms: \d+", out):
+            log("floor boot (%d at once) failed (rc %s): %s" % (count, rc, err[-300:]))
+            ok = False
+    return (time.monotonic() - m0) * 1000 if ok else None
+
+
+def ratio(many, one):
+    return many / one if many is not None and one else None
+
+
 def bench_density(h):
     res = {"kata": [], "runc": []}
+    alone = {"kata": [], "runc": []}
+    floor = {"one": [], "many": [], "ratio": []}
     for i in range(DENSITY_RUNS):
         for side in ab_order(i):
+            one = density_once(h, side, count=1)["all_running_ms"]
             r = density_once(h, side)
+            r["ratio"] = ratio(r["all_running_ms"], one)
             res[side].append(r)
-            log("density run %d/%d %s: %s" % (i + 1, DENSITY_RUNS, side, json.dumps(r)))
+            alone[side].append(one)
+            log("density run %d/%d %s: %s (one alone %s ms)" % (
+                i + 1, DENSITY_RUNS, side, json.dumps(r), one))
+        f1 = floor_at_once(h, 1)
+        fn = floor_at_once(h, DENSITY)
+        floor["one"].append(f1)
+        floor["many"].append(fn)
+        floor["ratio"].append(ratio(fn, f1))
+        log("density run %d/%d floor: one %s ms, %d at once %s ms" % (
+            i + 1, DENSITY_RUNS, f1, DENSITY, fn))
     sec = "6. density: %d sandboxes started in parallel (ctr run -d ... sleep 600)" % DENSITY
     R = h.report
 
@@ -70,6 +109,21 @@ def bench_density(h):
           "from spawning the %d ctr run -d to `ctr task ls` showing all RUNNING (polled every "
           "~0.1 s); runs with losses excluded" % DENSITY,
           kata=col("kata", "all_running_ms"), runc=col("runc", "all_running_ms"))
+    R.add(sec, "density_one_alone_ms", "  one sandbox alone", "ms",
+          "the same for a single ctr run -d, just before the %d of each run" % DENSITY,
+          kata=[v for v in alone["kata"] if v is not None],
+          runc=[v for v in alone["runc"] if v is not None])
+    R.add(sec, "density_ratio", "  all at once / one alone", "x",
+          "per run (the goal: 3 or less)",
+          kata=col("kata", "ratio"), runc=col("runc", "ratio"))
+    R.add(sec, "density_floor_ms", "floor: %d bare boots at once" % DENSITY, "ms",
+          "scripts/boot-floor.sh spawned %d times at once, until the last powered off: what "
+          "booting the kernel alone costs when %d VMs share this host's cores" % (DENSITY, DENSITY),
+          kata=[v for v in floor["many"] if v is not None])
+    R.add(sec, "density_floor_ratio", "  / one bare boot", "x",
+          "per run: the %d at once over one bare boot just before; the machine's own "
+          "slow-down, below which ours cannot go" % DENSITY,
+          kata=[v for v in floor["ratio"] if v is not None])
     R.add(sec, "density_mem_mib", "host memory used, total", "MiB",
           "MemAvailable (/proc/meminfo) before spawning minus when all were RUNNING; "
           "includes page cache and anything else on the host",
