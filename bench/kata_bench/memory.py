@@ -67,7 +67,11 @@ def measure(ids):
     return mem
 
 
-def add_rows(R, mem):
+# Seconds between the end of the vsock ceiling's transfer and the "after" sample.
+AFTER_ACTIVITY_S = 5
+
+
+def add_rows(R, mem, after=()):
     sec = "5. memory (PSS, /proc/PID/smaps_rollup, one idle `sleep 600`)"
     how_pids = "pids from /run/vc/sbs/<id>/persist.json"
     R.add(sec, "pss_shim_mib", "shim", "MiB",
@@ -82,6 +86,12 @@ def add_rows(R, mem):
             ("other", "  of which: QEMU's own", "heap, thread stacks, device state")]:
         R.add(sec, "pss_qemu_%s_mib" % key, label, "MiB", how,
               kata=[m.get("qemu_" + key) for m in mem if m.get("qemu_" + key) is not None], single=True)
+    R.add(sec, "pss_qemu_guest_ram_after_mib", "  guest RAM after 256 MiB through vsock", "MiB",
+          "the memory-backend mapping again, %d s after the vsock ceiling read 256 MiB from "
+          "the same sandbox: what activity leaves touched once the guest has handed back "
+          "what it freed" % AFTER_ACTIVITY_S,
+          kata=[m.get("qemu_guest_ram") for m in after if m.get("qemu_guest_ram") is not None],
+          single=True)
     R.add(sec, "pss_virtiofsd_mib", "virtiofsd", "MiB",
           "helper_pids entry named virtiofsd and its descendants (sandbox child)",
           kata=[m["virtiofsd"] for m in mem], single=True)

@@ -15,7 +15,15 @@ use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 /// `no_timer_check`, as Kata's guests have it: on a loaded host the vCPU may not run
 /// during the kernel's IO-APIC timer check, which then panics ("IO-APIC + timer doesn't
 /// work!"); seen with 20 sandboxes starting at once on 2 cores.
-pub const BASE_KERNEL_PARAMS: &str = "console=ttyS0 reboot=t panic=-1 no_timer_check";
+///
+/// `page_reporting.page_reporting_order=5`: free page reporting (the balloon below)
+/// hands back free blocks of 128 KiB and up instead of the kernel's default, its page
+/// block, which is 4 MiB in our guest kernel (no huge pages). Memory a workload frees
+/// piecemeal (socket buffers, slab, page cache) then goes back too: after 64 MiB
+/// received over a pod's NIC, guest RAM ended 1.4 MiB below its idle size instead of
+/// about 3.5 MiB above it; container stdout throughput within 2%.
+pub const BASE_KERNEL_PARAMS: &str =
+    "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5";
 /// The guest CID (the only guest of its vsock backend).
 pub const GUEST_CID: u32 = 3;
 /// Descriptors per virtio-fs request queue.
@@ -27,7 +35,7 @@ const FS_QUEUE_SIZE: u32 = 1024;
 /// costs nothing).
 pub const TCG_TB_SIZE_MIB: u32 = 64;
 /// The memory balloon, only for free page reporting: the guest hands back the pages it
-/// frees (reported in 2 MiB blocks a few seconds later), so a sandbox's host memory
+/// frees (in blocks of 128 KiB and up, a few seconds later), so a sandbox's host memory
 /// follows what its guest uses now, not the most it ever used.
 const BALLOON: &str = "virtio-balloon-device,free-page-reporting=on";
 
@@ -262,7 +270,7 @@ virtio_fs_cache = "never"
              -object memory-backend-memfd,id=mem,size=256M,share=on \
              -nodefaults -no-user-config -nographic -no-reboot \
              -kernel /k/vmlinux -initrd /k/initrd.img \
-             -append console=ttyS0 reboot=t panic=-1 no_timer_check quiet virtiofs.clear_reply_pages=1 nolapic_timer agent.rootfs_share agent.log=debug \
+             -append console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 quiet virtiofs.clear_reply_pages=1 nolapic_timer agent.rootfs_share agent.log=debug \
              -chardev file,id=console,path=/run/vc/sb1/console.log -serial chardev:console \
              -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
              -mon chardev=qmp,mode=control \
@@ -278,7 +286,7 @@ virtio_fs_cache = "never"
         let i = args.iter().position(|a| a == "-append").unwrap();
         assert_eq!(
             args[i + 1],
-            "console=ttyS0 reboot=t panic=-1 no_timer_check quiet virtiofs.clear_reply_pages=1 nolapic_timer agent.rootfs_share agent.log=debug"
+            "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 quiet virtiofs.clear_reply_pages=1 nolapic_timer agent.rootfs_share agent.log=debug"
         );
     }
 
@@ -321,7 +329,7 @@ virtio_fs_cache = "never"
         config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
         assert_eq!(
             kernel_cmdline(&config, Accel::Kvm, false, Some("tsc_early_khz=1")),
-            "console=ttyS0 reboot=t panic=-1 no_timer_check quiet"
+            "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 quiet"
         );
     }
 
