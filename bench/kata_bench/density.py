@@ -5,14 +5,13 @@ alone, so the table shows how much of the slow-down under load is the machine's 
 much ours."""
 
 import json
-import os
-import re
 import subprocess
 import time
 
 from .host import mem_available_kib, our_sandboxes
 from .procs import reap, spawn
-from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, REPO, ab_order, log
+from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
+from .startup import FLOOR_MS, floor_cmd
 
 
 def density_once(h, side, count=DENSITY, remove=True):
@@ -63,14 +62,12 @@ def density_once(h, side, count=DENSITY, remove=True):
 def floor_at_once(h, count):
     """`count` bare boots (scripts/boot-floor.sh) spawned at once: ms until the last one
     powered off, or None if any failed."""
-    cmd = ["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel, h.floor_initrd,
-           h.accel or "tcg"]
     m0 = time.monotonic()
-    procs = [spawn(cmd, env=h.env, stdout=subprocess.PIPE) for _ in range(count)]
+    procs = [spawn(floor_cmd(h), env=h.env, stdout=subprocess.PIPE) for _ in range(count)]
     ok = True
     for p in procs:
         rc, out, err = reap(p, DENSITY_TIMEOUT)
-        if rc != 0 or not re.search(r"floor-boot-ms: \d+", out):
+        if rc != 0 or not FLOOR_MS.search(out):
             log("floor boot (%d at once) failed (rc %s): %s" % (count, rc, err[-300:]))
             ok = False
     return (time.monotonic() - m0) * 1000 if ok else None

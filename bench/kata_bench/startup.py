@@ -50,11 +50,18 @@ def timed_echo(h, side):
     return ms, cid, t0, t1
 
 
+def floor_cmd(h):
+    """scripts/boot-floor.sh: a bare boot of our kernel under the shim's accelerator."""
+    return ["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel, h.floor_initrd,
+            h.accel or "tcg"]
+
+
+FLOOR_MS = re.compile(r"floor-boot-ms: (\d+)")
+
+
 def floor_boot(h):
-    accel = h.accel or "tcg"
-    rc, out, err = run(["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel,
-                        h.floor_initrd, accel], timeout=120)
-    m = re.search(r"floor-boot-ms: (\d+)", out)
+    rc, out, err = run(floor_cmd(h), timeout=120)
+    m = FLOOR_MS.search(out)
     if rc != 0 or not m:
         log("floor boot failed (rc %s): %s" % (rc, err[-500:]))
         return None

@@ -389,11 +389,12 @@ pub fn md5_hex(data: &[u8]) -> String {
     let writer = std::thread::spawn(move || stdin.write_all(&data));
     let out = child.wait_with_output().expect("md5sum output");
     let _ = writer.join();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_string()
+    first_word(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first whitespace-separated word of `s` (a checksum tool's sum), or "".
+pub fn first_word(s: &str) -> String {
+    s.split_whitespace().next().unwrap_or("").to_string()
 }
 
 /// A direct client of the shim's Task API for container `id`, for the calls ctr 1.6

@@ -226,10 +226,9 @@ fn pods_reach_each_other(h: Handler) {
         a.ip
     );
     let got = c.exec(&client, &["sh", "-c", &fetch]);
-    let sum = |s: &str| s.split_whitespace().next().unwrap_or("").to_string();
     assert_eq!(
-        sum(&got.stdout),
-        sum(&made.stdout),
+        first_word(&got.stdout),
+        first_word(&made.stdout),
         "16 MiB from pod a arrived changed or cut short in pod b: {}",
         got.stderr
     );

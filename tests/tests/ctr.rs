@@ -60,14 +60,9 @@ fn large_stdout_arrives_intact_and_stderr_is_kept_apart() {
         c.log_tail()
     );
     assert_eq!(out.stdout.len(), 2097152, "stdout length");
-    let guest_sum = stderr(&out)
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_string();
     assert_eq!(
         md5_hex(&out.stdout),
-        guest_sum,
+        first_word(&stderr(&out)),
         "stdout differs from what the guest wrote"
     );
     assert_no_leftovers("big");
@@ -130,24 +125,16 @@ fn large_stdin_arrives_intact() {
     let mut stdin = child.stdin.take().expect("stdin");
     let payload = data.clone();
     let writer = std::thread::spawn(move || stdin.write_all(&payload));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().expect("waiting for ctr").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("16 MiB of stdin not consumed in 120 s\n{}", c.log_tail());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().expect("ctr output");
+    let out = Background::new(child)
+        .wait_within(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("16 MiB of stdin not consumed in 120 s\n{}", c.log_tail()));
     let _ = writer.join();
     assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
-    let guest_sum = stdout(&out)
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_string();
-    assert_eq!(guest_sum, md5_hex(&data), "the guest read other bytes");
+    assert_eq!(
+        first_word(&stdout(&out)),
+        md5_hex(&data),
+        "the guest read other bytes"
+    );
     assert_no_leftovers("bigin");
 }
 
