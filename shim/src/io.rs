@@ -384,16 +384,40 @@ async fn copy_stdin(
 ) -> io::Result<u64> {
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut total = 0u64;
+    let mut closing = false;
     loop {
-        let n = tokio::select! {
-            r = fifo.read(&mut buf) => r.unwrap_or(0),
-            _ = close.notified() => 0,
+        let n = if closing {
+            drain_now(&fifo, &mut buf)
+        } else {
+            tokio::select! {
+                r = fifo.read(&mut buf) => r.unwrap_or(0),
+                _ = close.notified() => {
+                    closing = true;
+                    drain_now(&fifo, &mut buf)
+                }
+            }
         };
         if n == 0 {
             return Ok(total);
         }
         conn.write_all(&buf[..n]).await?;
         total += n as u64;
+    }
+}
+
+/// After CloseIO: what the fifo holds right now, 0 once it is empty. A client sends
+/// CloseIO when its own input has ended, after writing the last bytes into the fifo but
+/// before the shim has necessarily read them (`ctr` does, from the read that saw end of
+/// file), so those bytes are still the process's. Read from the fd itself, not through
+/// the reactor, whose readiness may not yet know of them.
+fn drain_now(fifo: &pipe::Receiver, buf: &mut [u8]) -> usize {
+    loop {
+        match nix::unistd::read(fifo.as_raw_fd(), buf) {
+            Ok(n) => return n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            // EAGAIN: empty, with a writer still there; anything else ends it too.
+            Err(_) => return 0,
+        }
     }
 }
 
@@ -497,7 +521,13 @@ mod tests {
         use crate::agent::fake::FakeAgent;
         let fake = Arc::new(FakeAgent::new());
         let agent: AgentRef = fake.clone();
-        for (exec_id, close_io) in [("eof", false), ("closeio", true)] {
+        for (exec_id, close_io, settle) in [
+            ("eof", false, true),
+            ("closeio", true, true),
+            // CloseIO right behind the last write, before the relay has read it: how
+            // `ctr run` sends it, and under load the relay is that far behind.
+            ("closeio-at-once", true, false),
+        ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("in");
             nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -516,7 +546,9 @@ mod tests {
             io::Write::write_all(&mut writer, b"typed\n").unwrap();
             let writer = if close_io {
                 // The writer stays open: only CloseIO can end stdin.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                if settle {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 relays.close_stdin();
                 Some(writer)
             } else {

@@ -451,6 +451,7 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> Result<Empty> {
+        debug!(self.inner.log, "close io"; "container" => &req.id, "exec" => &req.exec_id, "stdin" => req.stdin);
         let mut st = self.inner.lock();
         let p = st.process_mut(&req.id, &req.exec_id)?;
         if req.stdin {
