@@ -30,7 +30,8 @@ command -v "$QEMU" >/dev/null || die "'$QEMU' not found (scripts/setup-host.sh i
 tcg_params=""
 case "$accel" in
 tcg)
-    cpu=${FLOOR_CPU:-max}
+    # The runtime's TCG CPU (cmdline.rs, TCG_CPU): "max" without the fast-string hints.
+    cpu=${FLOOR_CPU:-max,erms=off,fsrm=off,fzrm=off,fsrs=off,fsrc=off}
     # As the runtime boots under TCG (hypervisor/src/qemu/cmdline.rs, TCG_KERNEL_PARAMS),
     # with the host TSC frequency the runtime measured for this boot, if it did
     # (hypervisor/src/accel/tsc.rs: "<boot id> <kHz>").
