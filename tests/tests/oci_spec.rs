@@ -59,6 +59,34 @@ fn security_settings_of_the_process() {
     assert!(out.contains("alive"));
 }
 
+fn assert_default_signals(status: &str) {
+    for field in ["SigIgn:", "SigBlk:"] {
+        assert_eq!(status_field(status, field), "0000000000000000", "{status}");
+    }
+}
+
+#[test]
+fn processes_start_with_default_signal_dispositions() {
+    // As under runc: nothing ignored, nothing blocked. Ignored signals survive execve, so
+    // a runtime written in a language whose runtime ignores SIGPIPE (Rust's does) hands
+    // that on unless it resets it; a pipeline's writer then gets EPIPE instead of dying.
+    // cat itself, not through sh: busybox sh ignores SIGQUIT for its commands (under
+    // runc too).
+    let c = Containerd::start("signals");
+    let out = c.run("g1", &["--rm"], &["cat", "/proc/self/status"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), c.log_tail());
+    assert_no_leftovers("g1");
+    assert_default_signals(&stdout(&out));
+
+    start_detached(&c, "g2", &[], &["sleep", "1000"]);
+    let out = exec(&c, "g2", "e1", &[], &["cat", "/proc/self/status"]);
+    let status = stdout(&out);
+    remove_detached(&c, "g2");
+    assert_no_leftovers("g2");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_default_signals(&status);
+}
+
 #[test]
 fn filesystem_view_of_the_container() {
     let c = Containerd::start("fs");

@@ -13,6 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
 
@@ -173,6 +174,7 @@ impl<'a> Launch<'a> {
             .map(|e| cstring(e))
             .collect::<Result<Vec<_>, _>>()?;
 
+        default_signals()?;
         if process.no_new_privileges {
             caps::set_no_new_privileges()?;
             if let Some(filter) = &self.seccomp {
@@ -187,6 +189,25 @@ impl<'a> Launch<'a> {
             Ok(never) => match never {},
         }
     }
+}
+
+/// Gives the process every signal's default disposition and an empty signal mask, as
+/// runc's containers start. The stage is a Rust program, whose runtime ignores SIGPIPE;
+/// execve keeps ignored signals ignored, so without this every container process would
+/// start with SIGPIPE ignored (`yes | head -n1` would see EPIPE errors instead of dying
+/// quietly, and so would every program that counts on SIGPIPE to end it).
+fn default_signals() -> Result<(), StageError> {
+    for sig in nix::sys::signal::Signal::iterator() {
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler of ours; the stage is single-threaded and
+        // about to execve.
+        unsafe { signal(sig, SigHandler::SigDfl) }
+            .map_err(|e| StageError::sys(format!("reset the disposition of {sig}"), e))?;
+    }
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(|e| StageError::sys("clear the signal mask", e))
 }
 
 fn set_controlling_terminal() -> Result<(), StageError> {
