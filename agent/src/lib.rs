@@ -3,9 +3,9 @@
 //! containers whose rootfs arrives over virtio-fs.
 //!
 //! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
-//! (launch via the re-executed `stage`) → `stdio` (served by `stdio_streams`), `reaper`,
-//! `cgroup`; `init` holds the
-//! PID 1 duties; `debug_console` the opt-in shell for `kata-runtime exec`.
+//! (launch via the `stage`, forked by `stage_spawner`) → `stdio` (served by
+//! `stdio_streams`), `reaper`, `cgroup`; `init` holds the PID 1 duties; `debug_console`
+//! the opt-in shell for `kata-runtime exec`.
 
 pub mod cgroup;
 pub mod container;
@@ -24,6 +24,6 @@ pub mod rpc;
 pub mod sandbox;
 pub mod spec;
 pub mod stage;
-pub mod stage_pool;
+pub mod stage_spawner;
 pub mod stdio;
 pub mod stdio_streams;

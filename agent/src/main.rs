@@ -16,6 +16,7 @@ use kata_agent::cgroup::CgroupRoot;
 use kata_agent::rpc::AgentRpc;
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
+use kata_agent::stage_spawner::StageSpawner;
 use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage, stdio_streams};
 use slog::{error, info, Logger};
 use ttrpc::r#async::transport::Listener;
@@ -51,6 +52,9 @@ fn main() {
         if let Err(e) = mounted.and_then(|()| init::mount_shares(rootfs_share)) {
             init::fatal(&log, &e.to_string());
         }
+        // SAFETY: no thread exists yet (the first ones are the bench sink's, the debug
+        // console's and the tokio runtime's, below).
+        let stages = unsafe { StageSpawner::start(log.clone()) };
         // Where boot time goes, in ms since the kernel started.
         slog::info!(log, "agent started"; "init_ms" => started_ms,
             "base_mounts_ms" => mounted_ms, "shared_dir_ms" => init::boot_ms(),
@@ -69,7 +73,7 @@ fn main() {
             }
         }
         let addr = listen.unwrap_or_else(|| format!("vsock://-1:{}", protocols::AGENT_VSOCK_PORT));
-        if let Err(e) = serve(&log, &addr, true) {
+        if let Err(e) = serve(&log, &addr, true, stages) {
             init::fatal(&log, &e.to_string());
         }
         init::fatal(&log, "the ttrpc server stopped");
@@ -83,7 +87,9 @@ fn main() {
         error!(log, "cannot become a child subreaper"; "error" => %e);
         std::process::exit(1);
     }
-    if let Err(e) = serve(&log, &addr, false) {
+    // SAFETY: no thread exists yet (the tokio runtime starts in `serve`).
+    let stages = unsafe { StageSpawner::start(log.clone()) };
+    if let Err(e) = serve(&log, &addr, false, stages) {
         error!(log, "agent failed"; "error" => %e);
         std::process::exit(1);
     }
@@ -123,7 +129,7 @@ fn parse_listen(args: &[String]) -> Result<Option<String>, ServeError> {
     }
 }
 
-fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), ServeError> {
+fn serve(log: &Logger, addr: &str, pid1: bool, stages: StageSpawner) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -132,7 +138,7 @@ fn serve(log: &Logger, addr: &str, pid1: bool) -> Result<(), ServeError> {
     rt.block_on(async {
         let reaper = Reaper::start(log.clone()).map_err(io_step("install the SIGCHLD handler"))?;
         let cgroups = CgroupRoot::detect(Path::new("/sys/fs/cgroup"));
-        let sandbox = Arc::new(Sandbox::new(log.clone(), reaper, cgroups));
+        let sandbox = Arc::new(Sandbox::new(log.clone(), reaper, cgroups, stages));
         let on_destroy: fn() = if pid1 {
             || init::reset_vm()
         } else {

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::Arc;
 
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
@@ -12,7 +13,7 @@ use slog::{info, Logger};
 use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
 use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, StageMode};
-use crate::stage_pool::StagePool;
+use crate::stage_spawner::StageSpawner;
 use crate::stdio::{self, SharedFd};
 
 /// A launched container process.
@@ -56,7 +57,7 @@ impl Process {
 pub async fn launch(
     log: &Logger,
     reaper: &Reaper,
-    stages: &StagePool,
+    stages: &Arc<StageSpawner>,
     exec_id: &str,
     config: StageConfig,
     terminal: Option<&Path>,
@@ -109,8 +110,10 @@ pub async fn launch(
         tty = None;
     }
 
-    let stage = stages
-        .take()
+    let spawner = stages.clone();
+    let stage = tokio::task::spawn_blocking(move || spawner.spawn())
+        .await
+        .map_err(|e| io_err("start container stage", &e))?
         .map_err(|e| io_err("start container stage", &e))?;
     info!(log, "container stage taken"; "exec_id" => exec_id, "stage_pid" => stage.pid);
     let mut passed: Vec<RawFd> = child_stdio.iter().map(|fd| fd.as_raw_fd()).collect();

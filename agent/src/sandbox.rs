@@ -18,7 +18,7 @@ use crate::process::{self, Process};
 use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
 use crate::stage::protocol::{StageConfig, StageMode};
-use crate::stage_pool::StagePool;
+use crate::stage_spawner::StageSpawner;
 
 pub struct Sandbox {
     pub log: Logger,
@@ -29,19 +29,24 @@ pub struct Sandbox {
     /// Where the pod's shared namespaces are kept, and which container they belong to.
     pod_ns: PodNamespaces,
     pod_sandbox: std::sync::Mutex<Option<String>>,
-    /// A container stage started ahead, for the next create or exec.
-    stages: StagePool,
+    /// Starts the container stage of every create and exec.
+    stages: Arc<StageSpawner>,
 }
 
 impl Sandbox {
     /// Must run inside the tokio runtime (it starts the OOM watcher task).
-    pub fn new(log: Logger, reaper: Arc<Reaper>, cgroups: Option<CgroupRoot>) -> Sandbox {
+    pub fn new(
+        log: Logger,
+        reaper: Arc<Reaper>,
+        cgroups: Option<CgroupRoot>,
+        stages: StageSpawner,
+    ) -> Sandbox {
         if cgroups.is_none() {
             info!(log, "no cgroup v2 hierarchy; containers get no cgroups");
         }
         Sandbox {
             oom: OomWatcher::start(log.clone()),
-            stages: StagePool::start(log.clone()),
+            stages: Arc::new(stages),
             log,
             reaper,
             cgroups,

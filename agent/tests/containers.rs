@@ -4,6 +4,7 @@
 mod common;
 
 use common::{code, md5, message, TestAgent};
+use kata_agent::stage_spawner::ZYGOTE_NAME;
 use protocols::agent::*;
 use protocols::stdio::StdioStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +21,56 @@ async fn echo_output_and_exit_code() {
     assert_eq!(status, 3);
     agent.remove("c1").await.expect("remove c1");
     agent.remove("c2").await.expect("remove c2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_come_from_the_zygote_which_ends_with_the_agent() {
+    let agent = TestAgent::start("zygote").await;
+    let zygote = agent
+        .zygote_pid()
+        .expect("the agent forked no stage zygote");
+
+    // A container and an exec, each through a stage.
+    let (status, out, _) = agent.run("z", &["echo", "from-init"], &[], "/").await;
+    assert_eq!((status, out.as_slice()), (0, &b"from-init\n"[..]));
+    let rootfs = agent.rootfs("y");
+    let spec = agent.spec(&rootfs, &["sleep", "1000"], &[], "/");
+    agent.create("y", spec, false).await.expect("create");
+    agent.start_container("y").await.expect("start");
+    let mut req = ExecProcessRequest::new();
+    req.container_id = "y".into();
+    req.exec_id = "e1".into();
+    req.process =
+        br#"{"args":["echo","from-exec"],"env":["PATH=/bin"],"cwd":"/","user":{"uid":0,"gid":0}}"#
+            .to_vec();
+    let out = agent.read_all_after_exec(&req).await;
+    assert_eq!(agent.wait("y", "e1").await, 0);
+    assert_eq!(out.await.expect("exec stdout"), b"from-exec\n");
+
+    // The same zygote served both: the agent never fell back to re-executing itself
+    // (it would have logged why).
+    assert_eq!(agent.zygote_pid(), Some(zygote));
+    let log = std::fs::read_to_string(agent.dir.join("agent.log")).expect("agent log");
+    assert!(!log.contains("stage zygote"), "{log}");
+    agent.remove("z").await.expect("remove z");
+    agent.remove("y").await.expect("remove y");
+
+    // The zygote reads end-of-file when the agent is gone, and exits.
+    drop(agent);
+    let gone = (0..100).any(|_| {
+        let state = std::fs::read_to_string(format!("/proc/{zygote}/stat"));
+        let alive = state.is_ok_and(|s| {
+            s.contains(&format!("({})", ZYGOTE_NAME.to_string_lossy()))
+                && s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().next())
+                    != Some("Z")
+        });
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        !alive
+    });
+    assert!(gone, "the zygote {zygote} outlived its agent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,15 @@
-//! The container stage: kata-agent re-executed as `kata-agent __container-stage`.
+//! The container stage: a single-threaded process forked from the agent's zygote (or,
+//! without one, the agent re-executed as `kata-agent __container-stage`).
 //!
 //! The agent is a multi-threaded tokio process, where forking and then calling anything
-//! but async-signal-safe functions is unsound. So the agent only fork+execs itself; this
-//! stage then runs single-threaded and may unshare, setns, fork, mount and pivot freely.
+//! but async-signal-safe functions is unsound. So stages come from a copy of the agent
+//! forked before any thread existed (see `stage_spawner`); a stage runs single-threaded
+//! and may unshare, setns, fork, mount and pivot freely.
 //! Its stdio (fds 0-2) already is the container's stdio; it talks to the agent only over
 //! the sync socket (see [`protocol`]).
 //!
 //! A different executor (e.g. youki's libcontainer) would replace this module and
-//! `container::spawn_stage` behind the same messages.
+//! `stage_spawner` behind the same messages.
 
 pub mod caps;
 mod devices;

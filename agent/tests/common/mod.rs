@@ -55,42 +55,53 @@ impl TestAgent {
     }
 
     /// Processes whose parent is the agent (it is a child subreaper, so every container
-    /// process it ever started ends up here until reaped).
-    /// The agent's child processes, but for the one container stage it keeps started
-    /// ahead (stage_pool): a stage waiting for its config, with /dev/null as stdin.
+    /// process it ever started ends up here until reaped), but for its stage zygote
+    /// (stage_spawner), which lives as long as the agent.
     pub fn children(&self) -> Vec<String> {
+        self.child_stats()
+            .into_iter()
+            .filter(|(_, comm, _)| !is_zygote(comm))
+            .map(|(_, _, stat)| stat)
+            .collect()
+    }
+
+    /// The pid of the agent's stage zygote, if it has one.
+    pub fn zygote_pid(&self) -> Option<u32> {
+        self.child_stats()
+            .into_iter()
+            .find(|(_, comm, _)| is_zygote(comm))
+            .map(|(pid, _, _)| pid)
+    }
+
+    /// (pid, comm, whole stat line) of each process whose parent is the agent.
+    fn child_stats(&self) -> Vec<(u32, String, String)> {
         let agent = self.pid().to_string();
         let mut found = Vec::new();
-        let mut spare_seen = false;
         for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
             let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
                 continue;
             };
             // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
+            let Some((head, rest)) = stat.rsplit_once(')') else {
                 continue;
             };
             if rest.split_whitespace().nth(1) != Some(agent.as_str()) {
                 continue;
             }
-            if !spare_seen && is_spare_stage(&entry.path()) {
-                spare_seen = true;
+            let Some((pid, comm)) = head.split_once(" (") else {
                 continue;
-            }
-            found.push(stat.trim().to_string());
+            };
+            let Ok(pid) = pid.parse() else {
+                continue;
+            };
+            found.push((pid, comm.to_string(), stat.trim().to_string()));
         }
         found
     }
 }
 
-/// A container stage that no launch has taken yet: its stdin is still /dev/null.
-fn is_spare_stage(proc_dir: &std::path::Path) -> bool {
-    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
-    let is_stage = cmdline
-        .split(|b| *b == 0)
-        .any(|arg| arg == kata_agent::stage::protocol::STAGE_ARG.as_bytes());
-    let stdin = std::fs::read_link(proc_dir.join("fd/0")).unwrap_or_default();
-    is_stage && stdin == std::path::Path::new("/dev/null")
+fn is_zygote(comm: &str) -> bool {
+    kata_agent::stage_spawner::ZYGOTE_NAME.to_bytes() == comm.as_bytes()
 }
 
 pub fn ctx() -> Context {
