@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kata_agent::cgroup::CgroupRoot;
-use kata_agent::rpc::AgentRpc;
+use kata_agent::rpc::{AgentRpc, Ending};
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
 use kata_agent::stage_spawner::StageSpawner;
@@ -139,14 +139,13 @@ fn serve(log: &Logger, addr: &str, pid1: bool, stages: StageSpawner) -> Result<(
         let reaper = Reaper::start(log.clone()).map_err(io_step("install the SIGCHLD handler"))?;
         let cgroups = CgroupRoot::detect(Path::new("/sys/fs/cgroup"));
         let sandbox = Arc::new(Sandbox::new(log.clone(), reaper, cgroups, stages));
-        let on_destroy: fn() = if pid1 {
-            || init::reset_vm()
-        } else {
-            || std::process::exit(0)
-        };
         let service = Arc::new(AgentRpc {
             sandbox: sandbox.clone(),
-            on_destroy,
+            ending: if pid1 {
+                Ending::ResetGuest
+            } else {
+                Ending::ExitAgent
+            },
         });
         let listener = listen(log, addr)?;
         let mut server = ttrpc::r#async::Server::new()

@@ -16,8 +16,19 @@ use crate::sandbox::Sandbox;
 
 pub struct AgentRpc {
     pub sandbox: Arc<Sandbox>,
-    /// What DestroySandbox does after answering (reboot the guest, or exit in tests).
-    pub on_destroy: fn(),
+    pub ending: Ending,
+}
+
+/// How DestroySandbox ends the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// PID 1 of a guest: every process killed and the file systems synced, then, after
+    /// the answer, the guest resets (the host stops the VM at the answer anyway).
+    /// Unmounting and removing each container's pieces first would be work the reset
+    /// undoes, on the path of every sandbox's teardown.
+    ResetGuest,
+    /// An agent on the host (tests): each container is removed, then the agent exits.
+    ExitAgent,
 }
 
 type RpcResult<T> = ttrpc::Result<T>;
@@ -148,12 +159,18 @@ impl AgentService for AgentRpc {
     }
 
     async fn destroy_sandbox(&self, _: &TtrpcContext, _: Empty) -> RpcResult<Empty> {
-        self.sandbox.destroy().await;
-        let on_destroy = self.on_destroy;
+        let ending = self.ending;
+        match ending {
+            Ending::ResetGuest => self.sandbox.end_guest().await,
+            Ending::ExitAgent => self.sandbox.destroy().await,
+        }
         tokio::spawn(async move {
             // Give the reply a moment to leave before the guest resets.
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            on_destroy();
+            match ending {
+                Ending::ResetGuest => crate::init::reset_vm(),
+                Ending::ExitAgent => std::process::exit(0),
+            }
         });
         Ok(Empty::new())
     }

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use slog::{info, warn, Logger};
 use tokio::sync::Mutex;
 
@@ -19,6 +20,10 @@ use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
 use crate::stage::protocol::{StageConfig, StageMode};
 use crate::stage_spawner::StageSpawner;
+
+/// How long DestroySandbox waits for the guest's file systems to sync before it answers
+/// (the host gives it 2 s in all).
+const SYNC_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Sandbox {
     pub log: Logger,
@@ -374,7 +379,26 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Kills every container (before the VM or the test agent goes away).
+    /// Ends a guest about to be reset: kills every process but the agent (PID 1's
+    /// `kill(-1)`), containers, their execs and the stage zygote alike, then flushes what
+    /// they left in the page cache to the shared file systems (volumes written through
+    /// `mmap` have dirty pages until then), waiting at most [`SYNC_BOUND`]: a virtiofsd
+    /// that is gone would make `sync` wait forever. Nothing is unmounted or removed; the
+    /// reset does that.
+    pub async fn end_guest(&self) {
+        if let Err(e) = kill(Pid::from_raw(-1), Signal::SIGKILL) {
+            warn!(self.log, "cannot kill the guest's processes"; "error" => %e);
+        }
+        let synced =
+            tokio::time::timeout(SYNC_BOUND, tokio::task::spawn_blocking(nix::unistd::sync));
+        if synced.await.is_err() {
+            warn!(self.log, "the file systems are still syncing; ending anyway"; "waited" => ?SYNC_BOUND);
+        }
+        warn!(self.log, "sandbox destroyed");
+    }
+
+    /// Kills every container and removes what it set up (before the test agent goes
+    /// away, or on SIGTERM).
     pub async fn destroy(&self) {
         let all: Vec<_> = self
             .containers

@@ -27,6 +27,7 @@ use crate::container::{Exit, Status};
 use crate::events::{timestamp, Events};
 use crate::io::{Relays, StdioPaths};
 use crate::launch::Launcher;
+use crate::sandbox::Sandbox;
 use state::{agent_err, failed, not_found, status, unimplemented, Result, State};
 
 pub struct TaskService {
@@ -105,19 +106,21 @@ impl Inner {
         Ok(())
     }
 
-    /// Ends the sandbox once no container is left in it (or being created).
-    async fn end_sandbox_if_empty(&self) {
+    /// Ends the sandbox once no container is left in it (or being created); whether it
+    /// did.
+    async fn end_sandbox_if_empty(&self) -> bool {
         let _life = self.lifecycle.lock().await;
         let sb = {
             let mut st = self.lock();
             if !st.is_empty() {
-                return;
+                return false;
             }
             st.sandbox.take()
         };
         if let Some(sb) = sb {
             sb.destroy().await;
         }
+        true
     }
 
     /// Removes container `cid` from the guest and the host; ends the sandbox when it was
@@ -139,19 +142,36 @@ impl Inner {
             (c, st.sandbox.clone())
         };
         let exit = c.init.exit();
-        if let Some(sb) = sb {
-            // A VM that is gone has nothing left to remove.
-            if sb.end_cause().is_none() {
-                if let Err(e) = sb.agent().remove_container(cid).await {
-                    slog::warn!(self.log, "removing the container in the guest"; "container" => cid, "error" => %e);
-                }
-            }
-            crate::container::teardown_host_mounts(&c.mounts, &c.share_dir);
-            sb.remove_mounts(&c.mounts);
+        let Some(sb) = sb else {
+            drop(c);
+            self.end_sandbox_if_empty().await;
+            return Ok(exit);
+        };
+        // The last container's delete ends the sandbox, and DestroySandbox ends every
+        // process in the guest before the VM stops: removing this container in the guest
+        // first would cost a round trip and guest work (unmounts, its cgroup) that the
+        // VM's end makes moot.
+        let last = self.lock().is_empty();
+        if !last {
+            self.remove_in_guest(&sb, cid).await;
         }
+        crate::container::teardown_host_mounts(&c.mounts, &c.share_dir);
+        sb.remove_mounts(&c.mounts);
         drop(c);
-        self.end_sandbox_if_empty().await;
+        if !self.end_sandbox_if_empty().await && last {
+            // A create came in meanwhile and keeps the sandbox: remove it after all.
+            self.remove_in_guest(&sb, cid).await;
+        }
         Ok(exit)
+    }
+
+    async fn remove_in_guest(&self, sb: &Sandbox, cid: &str) {
+        // A VM that is gone has nothing left to remove.
+        if sb.end_cause().is_none() {
+            if let Err(e) = sb.agent().remove_container(cid).await {
+                slog::warn!(self.log, "removing the container in the guest"; "container" => cid, "error" => %e);
+            }
+        }
     }
 }
 

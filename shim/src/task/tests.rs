@@ -245,6 +245,38 @@ async fn a_process_exit_in_the_guest_is_reported_then_delete_ends_the_sandbox() 
 }
 
 #[tokio::test]
+async fn only_a_container_the_sandbox_outlives_is_removed_in_the_guest() {
+    needs_root!();
+    let f = fixture(None);
+    f.create(SB).await.unwrap();
+    f.start(SB, "").await.unwrap();
+    let spec = format!(
+        r#"{{"process":{{"args":["sh"],"cwd":"/"}},"root":{{"path":"rootfs"}},"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{SB}"}}}}"#
+    );
+    let b = f.bundle("c1", Some(&spec));
+    f.svc.create(&ctx(), f.create_req("c1", &b)).await.unwrap();
+    f.start("c1", "").await.unwrap();
+
+    f.agent.exit("c1", "", 0);
+    assert_eq!(f.wait("c1", "").await.exit_status, 0);
+    f.delete("c1").await.unwrap();
+    assert_eq!(
+        f.agent.called("RemoveContainer"),
+        1,
+        "c1 leaves a sandbox that goes on"
+    );
+    assert_eq!(f.agent.called("DestroySandbox"), 0);
+
+    // The last one: DestroySandbox ends everything in the guest, no RemoveContainer first.
+    f.agent.exit(SB, "", 0);
+    assert_eq!(f.wait(SB, "").await.exit_status, 0);
+    f.delete(SB).await.unwrap();
+    assert_eq!(f.agent.called("RemoveContainer"), 1);
+    assert_eq!(f.agent.called("DestroySandbox"), 1);
+    assert!(f.share_is_gone());
+}
+
+#[tokio::test]
 async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
     needs_root!();
     let f = fixture(None);
