@@ -53,7 +53,7 @@ impl Launcher for VmLauncher {
     ) -> Result<Arc<Sandbox>, LaunchError> {
         let cfg = options::load_config(options)?;
         self.debug.set(cfg.runtime.enable_debug);
-        slog::debug!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
+        slog::info!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
         Ok(Sandbox::create(id, &cfg, spec, log).await?)
     }
 }

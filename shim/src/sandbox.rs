@@ -272,7 +272,7 @@ impl Sandbox {
         // Named now, while they run: a name read after a death says nothing.
         let mut watched = vec![Watched::vmm(info.vmm_pid)];
         watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
-        debug!(log, "phase: VMM launched"; "phase" => "VMM launched", "elapsed_ms" => t0.elapsed().as_millis() as u64,
+        info!(log, "phase: VMM launched"; "phase" => "VMM launched", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));

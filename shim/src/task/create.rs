@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use containerd_shim_protos::api::CreateTaskRequest;
-use slog::debug;
+use slog::info;
 use ttrpc::Code;
 
 use super::state::{agent_err, status, Result};
@@ -46,7 +46,7 @@ impl Inner {
         let result = self.create_locked(req, &parsed).await;
         self.lock().creating.remove(&req.id);
         let pid = result?;
-        debug!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
+        info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         self.events
             .create(&req.id, &req.bundle, &parsed.stdio, pid)
             .await;
