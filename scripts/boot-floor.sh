@@ -35,7 +35,7 @@ tcg)
     # As the runtime boots under TCG (hypervisor/src/qemu/cmdline.rs, TCG_KERNEL_PARAMS),
     # with the host TSC frequency the runtime measured for this boot, if it did
     # (hypervisor/src/accel/tsc.rs: "<boot id> <kHz>").
-    tcg_params="virtiofs.clear_reply_pages=1 nolapic_timer"
+    tcg_params="virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem"
     tsc_cache=/run/kata-containers/tsc-khz
     if [ -r "$tsc_cache" ] && read -r tsc_boot tsc_khz <"$tsc_cache" &&
         [ "$tsc_boot" = "$(cat /proc/sys/kernel/random/boot_id)" ]; then
