@@ -129,15 +129,11 @@ const CGROUP2_OPTIONS: &str = "favordynmods";
 pub fn mount_base() -> Result<(), InitError> {
     for m in base_mounts() {
         create_dir(m.target)?;
-        let mut mounted = mount(Some(m.source), m.target, Some(m.fstype), m.flags, m.data);
+        let with =
+            |data: Option<&str>| mount(Some(m.source), m.target, Some(m.fstype), m.flags, data);
+        let mut mounted = with(m.data);
         if mounted == Err(nix::Error::EINVAL) && m.data == Some(CGROUP2_OPTIONS) {
-            mounted = mount(
-                Some(m.source),
-                m.target,
-                Some(m.fstype),
-                m.flags,
-                None::<&str>,
-            );
+            mounted = with(None);
         }
         mounted.map_err(sys(format!("mount {} on {}", m.fstype, m.target)))?;
     }

@@ -75,11 +75,6 @@ impl StageSpawner {
         }
     }
 
-    /// The zygote's pid, if it runs.
-    pub fn zygote_pid(&self) -> Option<i32> {
-        self.zygote.lock().ok()?.as_ref().map(|z| z.pid)
-    }
-
     /// Starts a stage with only its config pipe and sync socket; its stdio is /dev/null
     /// until the agent hands it the process's. Blocks briefly (one round trip to the
     /// zygote, or a fork and exec without it).

@@ -1,11 +1,11 @@
 //! What the agent and the container stage say to each other.
 //!
 //! The agent starts the stage (forked from its zygote, or `kata-agent __container-stage`
-//! without one; see `stage_spawner`) with two fixed file descriptors: the config pipe and a SOCK_SEQPACKET
-//! sync socket (one JSON message per packet). When a container or process needs it, the
-//! agent writes the [`StageConfig`] into the pipe and sends the process's stdio (and, for
-//! a new container, the start pipe) over the sync socket ([`send_fds`]); the stage puts
-//! them at 0-2 and [`START_FD`]. The container process inherits the sync socket with
+//! without one; see `stage_spawner`) with two fixed file descriptors: the config pipe
+//! and a SOCK_SEQPACKET sync socket (one JSON message per packet). When a container or
+//! process needs it, the agent writes the [`StageConfig`] into the pipe and sends the
+//! process's stdio (and, for a new container, the start pipe) over the sync socket
+//! ([`send_fds`]); the stage puts them at 0-2 and [`START_FD`]. The container process inherits the sync socket with
 //! CLOEXEC set, so when the agent reads end-of-stream after `Pid` (and `Ready`), the
 //! process has called execve successfully.
 
