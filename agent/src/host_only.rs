@@ -111,6 +111,15 @@ pub fn accept_from_host(log: &Logger, listener: &OwnedFd, port: u32) -> nix::Res
     }
 }
 
+/// Connects to the host's [`AGENT_READY_VSOCK_PORT`](protocols::AGENT_READY_VSOCK_PORT)
+/// and hangs up: the host, dialing the API, dials again at once. Best effort: a host
+/// that does not listen refuses the connection, and one that never answers is given
+/// up on after a second; either way it finds the agent by retrying.
+pub async fn tell_host_ready() {
+    let addr = VsockAddr::new(VMADDR_CID_HOST, protocols::AGENT_READY_VSOCK_PORT);
+    let _ = tokio::time::timeout(Duration::from_secs(1), VsockStream::connect(addr)).await;
+}
+
 /// A ttrpc listener on vsock `cid:port` (the agent binds any local CID) that hands the
 /// server only connections from the host.
 pub fn ttrpc_listener(log: Logger, cid: u32, port: u32) -> io::Result<Listener> {

@@ -167,6 +167,9 @@ fn serve(log: &Logger, addr: &str, pid1: bool, stages: StageSpawner) -> Result<(
                 .map_err(io_step(format!("listen for stdio streams on {path}")))?;
         }
         info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());
+        if addr.starts_with("vsock://") {
+            tokio::spawn(host_only::tell_host_ready());
+        }
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io_step("install the SIGTERM handler"))?;

@@ -52,6 +52,13 @@ pub const ROOTFS_SHARE_PARAM: &str = "agent.rootfs_share";
 /// The message kata-agent writes to the guest console once its API is listening.
 pub const AGENT_READY_MESSAGE: &str = "serving the agent API";
 
+/// The host vsock port (on CID 2) kata-agent connects to once its API listens, to tell
+/// the host to dial now rather than at its next retry. The connection carries nothing;
+/// with a hybrid vsock the host listens on `<hybrid socket>_1029` while it dials, and
+/// where nobody listens the connection is refused and the host finds the agent by
+/// retrying. Any guest process can connect there too: it can only make a dial try early.
+pub const AGENT_READY_VSOCK_PORT: u32 = 1029;
+
 /// The vsock port of the guest's debug console (Kata's default `debug_console_vport`),
 /// served only when the kernel command line carries [`DEBUG_CONSOLE_PARAM`]: a shell in
 /// the guest for `kata-runtime exec`.

@@ -58,6 +58,47 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
     Ok(stream)
 }
 
+/// Where the host hears that the agent listens: `<hybrid socket>_<port>` for
+/// [`AGENT_READY_VSOCK_PORT`](protocols::AGENT_READY_VSOCK_PORT), on which the VMM side
+/// hands over the agent's connection to that host port. Removed when dropped.
+struct ReadyListener {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+}
+
+/// The pause between dial attempts without a ready listener.
+const RETRY_POLL: Duration = Duration::from_millis(20);
+/// The longest pause between attempts while the agent's word is awaited: a retry still
+/// finds an agent that never sends it (its connection is lost or refused).
+const READY_POLL: Duration = Duration::from_millis(100);
+
+impl ReadyListener {
+    /// Listens beside `socket`, or None where that fails (the dial then only retries).
+    fn bind(socket: &Path) -> Option<Self> {
+        let mut path = socket.as_os_str().to_owned();
+        path.push(format!("_{}", protocols::AGENT_READY_VSOCK_PORT));
+        let path = PathBuf::from(path);
+        // A previous VM of the same sandbox may have left it.
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).ok()?;
+        Some(Self { listener, path })
+    }
+
+    /// Returns when a connection comes (it is closed at once: true) or after `most`.
+    async fn wait(&self, most: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(most, self.listener.accept()).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+impl Drop for ReadyListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A connected agent.
 #[derive(Clone)]
 pub struct KataAgent {
@@ -98,6 +139,7 @@ impl KataAgent {
     ) -> Result<(Self, CheckResponse)> {
         let start = Instant::now();
         let mut last = String::from("no attempt made");
+        let ready = ReadyListener::bind(socket);
         while start.elapsed() < timeout {
             if let Some(how) = vm_gone() {
                 return Err(AgentError::VmExited { how });
@@ -127,7 +169,12 @@ impl KataAgent {
                 }
                 Err(e) => last = e.to_string(),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            match &ready {
+                Some(ready) => {
+                    ready.wait(READY_POLL).await;
+                }
+                None => tokio::time::sleep(RETRY_POLL).await,
+            }
         }
         Err(AgentError::DialTimeout {
             socket: socket.to_path_buf(),
@@ -425,6 +472,24 @@ mod tests {
         let err = hybrid_vsock_connect(&sock, 1024).await.unwrap_err();
         assert!(err.to_string().contains("FAILED"), "{err}");
         server.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The agent's word that it listens arrives on `<socket>_1029` (the VMM side's
+    /// path for a guest connection to host port 1029), which exists only while dialing.
+    #[tokio::test]
+    async fn the_agents_ready_word_arrives_beside_the_hybrid_socket() {
+        let dir = std::env::temp_dir().join(format!("hvsock-ready-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("kata.hvsock");
+        let path = dir.join(format!("kata.hvsock_{}", protocols::AGENT_READY_VSOCK_PORT));
+        let ready = ReadyListener::bind(&sock).expect("bind");
+        assert!(path.exists());
+        let agent = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        assert!(ready.wait(Duration::from_secs(60)).await);
+        drop(agent);
+        drop(ready);
+        assert!(!path.exists(), "{} left behind", path.display());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
