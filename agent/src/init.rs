@@ -170,7 +170,27 @@ fn mount_virtiofs(tag: &str, dir: &str) -> Result<(), InitError> {
         MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(sys(format!("mount virtiofs {tag} on {dir}")))
+    .map_err(sys(format!("mount virtiofs {tag} on {dir}")))?;
+    set_read_ahead(dir);
+    Ok(())
+}
+
+/// How far the guest reads ahead on a virtio-fs share, in KiB. The kernel's default,
+/// 128, cut a container's first exec of busybox into 17 requests through virtiofsd; at
+/// 1 MiB it takes 4 (virtiofsd accepts requests that large), and `ctr run ... echo hi`
+/// spends ~10 ms less from start to exit under TCG, for ~0.3 MiB more read.
+const SHARE_READ_AHEAD_KB: &str = "1024";
+
+/// Sets the read-ahead of the file system mounted on `dir` (its backing device's, in
+/// sysfs). Best effort: without it reads are only smaller.
+fn set_read_ahead(dir: &str) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(meta) = std::fs::metadata(dir) {
+        let dev = meta.dev();
+        let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+        let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+        let _ = std::fs::write(path, SHARE_READ_AHEAD_KB);
+    }
 }
 
 /// Ends the VM: with `reboot=t -no-reboot` a reset makes QEMU exit.
