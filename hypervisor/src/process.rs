@@ -123,7 +123,7 @@ impl Place {
 /// start), while moving the current thread through `tasks` needs no such lock (0.07 ms).
 /// cgroup v2 has no `tasks`; there the host's `favordynmods` mount option or
 /// `CLONE_INTO_CGROUP` would avoid the wait.
-pub(crate) fn join_file(dir: &Path) -> PathBuf {
+fn join_file(dir: &Path) -> PathBuf {
     let tasks = dir.join("tasks");
     if tasks.exists() {
         tasks
@@ -601,9 +601,9 @@ mod tests {
         let parents: Vec<PathBuf> = if v2 {
             vec![root.to_path_buf()]
         } else {
-            ["pids", "memory", "cpu", "name=systemd"]
+            ["pids", "memory", "cpu", "systemd"]
                 .iter()
-                .map(|h| root.join(h.trim_start_matches("name=")))
+                .map(|h| root.join(h))
                 .filter(|p| p.join("tasks").exists())
                 .collect()
         };

@@ -121,6 +121,13 @@ fn ctx() -> TtrpcContext {
     }
 }
 
+/// The config.json of a container of pod sandbox `SB` (CRI's annotations).
+fn pod_member_spec() -> String {
+    format!(
+        r#"{{"process":{{"args":["sh"],"cwd":"/"}},"root":{{"path":"rootfs"}},"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{SB}"}}}}"#
+    )
+}
+
 impl Fixture {
     /// A bundle for container `id` with a config.json (`spec`) and an empty rootfs.
     fn bundle(&self, id: &str, spec: Option<&str>) -> PathBuf {
@@ -250,10 +257,7 @@ async fn only_a_container_the_sandbox_outlives_is_removed_in_the_guest() {
     let f = fixture(None);
     f.create(SB).await.unwrap();
     f.start(SB, "").await.unwrap();
-    let spec = format!(
-        r#"{{"process":{{"args":["sh"],"cwd":"/"}},"root":{{"path":"rootfs"}},"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{SB}"}}}}"#
-    );
-    let b = f.bundle("c1", Some(&spec));
+    let b = f.bundle("c1", Some(&pod_member_spec()));
     f.svc.create(&ctx(), f.create_req("c1", &b)).await.unwrap();
     f.start("c1", "").await.unwrap();
 
@@ -392,10 +396,7 @@ async fn bad_bundles_and_ids_fail_before_any_vm_is_started() {
 #[tokio::test]
 async fn a_pod_container_needs_its_sandbox_container_first() {
     let f = fixture(None);
-    let spec = format!(
-        r#"{{"process":{{"args":["sh"]}},"root":{{"path":"rootfs"}},"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{SB}"}}}}"#
-    );
-    let b = f.bundle("c1", Some(&spec));
+    let b = f.bundle("c1", Some(&pod_member_spec()));
     let err = f
         .svc
         .create(&ctx(), f.create_req("c1", &b))
