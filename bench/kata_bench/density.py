@@ -5,20 +5,26 @@ alone, so the table shows how much of the slow-down under load is the machine's 
 much ours."""
 
 import json
+import resource
 import subprocess
 import time
 
-from .host import mem_available_kib, our_sandboxes
+from .host import busy_cpu_s, children_map, mem_available_kib, our_sandboxes, \
+    settled_mem_available_kib
+from .memory import kata_pss
 from .procs import reap, spawn
 from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
 from .startup import FLOOR_MS, floor_cmd
 
 
-def density_once(h, side, count=DENSITY, remove=True):
+def density_once(h, side, count=DENSITY, remove=True, settle=True):
     """`count` sandboxes of `side` started at once; removed again unless `remove` is
-    false (their ids are then in the result's "ids", for the caller to remove)."""
+    false (their ids are then in the result's "ids", for the caller to remove). With
+    `settle`, host memory is first left to settle (see `settled_mem_available_kib`)."""
     ids = [h.new_id(side[0] + "d") for _ in range(count)]
-    before = mem_available_kib()
+    before = settled_mem_available_kib() if settle else mem_available_kib()
+    cpu0 = busy_cpu_s()
+    poll_cpu = 0.0
     m0 = time.monotonic()
     procs = {cid: spawn(h.run_args(side, cid, ["sleep", "600"], detach=True, rm=False),
                         env=h.env) for cid in ids}
@@ -30,7 +36,8 @@ def density_once(h, side, count=DENSITY, remove=True):
         for cid, p in procs.items():
             if cid not in failed and p.poll() is not None and p.returncode != 0:
                 failed.add(cid)
-        st = h.tasks()
+        st, spent = children_cpu(h.tasks)
+        poll_cpu += spent
         running = {c for c in ids if st.get(c) == "RUNNING"}
         if len(running) + len(failed - running) >= count and \
                 all(p.poll() is not None for p in procs.values()):
@@ -39,7 +46,9 @@ def density_once(h, side, count=DENSITY, remove=True):
         if time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    cpu = busy_cpu_s() - cpu0 - poll_cpu
     after = mem_available_kib()
+    pss, pss_less_tcg = pss_per_sandbox(running) if side == "kata" else (None, None)
     for cid, p in procs.items():
         rc, _, err = reap(p, 5)
         if rc != 0:
@@ -57,12 +66,37 @@ def density_once(h, side, count=DENSITY, remove=True):
     if left:
         log("%s density: left behind after removal: %s" % (side, left))
     return {"all_running_ms": t_all if lost == 0 else None, "lost": lost, "mem_mib": used,
-            "mem_per_mib": used / len(running) if running else None}
+            "mem_per_mib": used / len(running) if running else None,
+            "pss_per_mib": pss, "pss_per_less_tcg_mib": pss_less_tcg,
+            "cpu_per_ms": cpu * 1000 / count if t_all is not None and lost == 0 else None}
+
+
+def children_cpu(fn):
+    """fn()'s result and the CPU seconds its child processes spent (the bench's own `ctr
+    task ls` polls, which the host-CPU figure leaves out)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = fn()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return out, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+
+
+def pss_per_sandbox(cids):
+    """Mean PSS (MiB) of kata sandboxes `cids`, all their processes, with and without the
+    VMMs' TCG caches; (None, None) for runc's containers or if any could not be read."""
+    kids = children_map()
+    got = [kata_pss(cid, kids) for cid in cids]
+    if not got or any(g is None for g in got):
+        return None, None
+    return (sum(g["sum"] for g in got) / len(got),
+            sum(g["sum_without_tcg_cache"] for g in got) / len(got))
+
 
 def floor_at_once(h, count):
     """`count` bare boots (scripts/boot-floor.sh) spawned at once: ms until the last one
-    powered off, or None if any failed."""
+    powered off and the host's busy CPU ms per boot meanwhile, or (None, None) if any
+    failed."""
     m0 = time.monotonic()
+    cpu0 = busy_cpu_s()
     procs = [spawn(floor_cmd(h), env=h.env, stdout=subprocess.PIPE) for _ in range(count)]
     ok = True
     for p in procs:
@@ -70,7 +104,9 @@ def floor_at_once(h, count):
         if rc != 0 or not FLOOR_MS.search(out):
             log("floor boot (%d at once) failed (rc %s): %s" % (count, rc, err[-300:]))
             ok = False
-    return (time.monotonic() - m0) * 1000 if ok else None
+    if not ok:
+        return None, None
+    return (time.monotonic() - m0) * 1000, (busy_cpu_s() - cpu0) * 1000 / count
 
 
 def ratio(many, one):
@@ -80,7 +116,7 @@ def ratio(many, one):
 def bench_density(h):
     res = {"kata": [], "runc": []}
     alone = {"kata": [], "runc": []}
-    floor = {"one": [], "many": [], "ratio": []}
+    floor = {"one": [], "many": [], "ratio": [], "cpu": []}
     for i in range(DENSITY_RUNS):
         for side in ab_order(i):
             one = density_once(h, side, count=1)["all_running_ms"]
@@ -90,10 +126,11 @@ def bench_density(h):
             alone[side].append(one)
             log("density run %d/%d %s: %s (one alone %s ms)" % (
                 i + 1, DENSITY_RUNS, side, json.dumps(r), one))
-        f1 = floor_at_once(h, 1)
-        fn = floor_at_once(h, DENSITY)
+        f1, _ = floor_at_once(h, 1)
+        fn, fn_cpu = floor_at_once(h, DENSITY)
         floor["one"].append(f1)
         floor["many"].append(fn)
+        floor["cpu"].append(fn_cpu)
         floor["ratio"].append(ratio(fn, f1))
         log("density run %d/%d floor: one %s ms, %d at once %s ms" % (
             i + 1, DENSITY_RUNS, f1, DENSITY, fn))
@@ -127,6 +164,24 @@ def bench_density(h):
           kata=col("kata", "mem_mib"), runc=col("runc", "mem_mib"))
     R.add(sec, "density_mem_per_mib", "  per running sandbox", "MiB", "total / running",
           kata=col("kata", "mem_per_mib"), runc=col("runc", "mem_per_mib"))
+    R.add(sec, "density_pss_per_mib", "  PSS per running sandbox", "MiB",
+          "the PSS of every process of the running sandboxes (shim, VMM, virtiofsds, vsock "
+          "backend; as in 5.), summed, over their count, when all were RUNNING: shared "
+          "pages (QEMU's libraries, the kernel and initrd) split among them",
+          kata=col("kata", "pss_per_mib"))
+    R.add(sec, "density_pss_per_less_tcg_mib", "    of which not TCG's translation cache", "MiB",
+          "the same less the VMMs' TCG caches (see 5.): about what these sandboxes would "
+          "hold under KVM, which translates nothing (and has no TCG state in QEMU's own)",
+          kata=col("kata", "pss_per_less_tcg_mib"))
+    R.add(sec, "density_cpu_per_ms", "host CPU per sandbox", "ms",
+          "the whole host's busy CPU time (/proc/stat, all cores) from spawning the %d to all "
+          "RUNNING, less the bench's own `ctr task ls` polls, divided by %d: what starting "
+          "one costs the machine, whoever spends it (VMM, guest, containerd, ctr run, ...); "
+          "runs with losses excluded" % (DENSITY, DENSITY),
+          kata=col("kata", "cpu_per_ms"), runc=col("runc", "cpu_per_ms"))
+    R.add(sec, "density_floor_cpu_ms", "  floor: host CPU per bare boot", "ms",
+          "the same over the %d bare boots at once" % DENSITY,
+          kata=[v for v in floor["cpu"] if v is not None])
     R.add(sec, "density_lost", "lost (not RUNNING)", "count",
           "of %d: ctr run -d failed or not RUNNING within %d s" % (DENSITY, DENSITY_TIMEOUT),
           kata=col("kata", "lost"), runc=col("runc", "lost"))

@@ -1,7 +1,9 @@
 """Host inspection through /proc: PSS, process trees, command lines, free memory, and the
 sandbox state directories of this bench's sandboxes."""
 
+import json
 import os
+import time
 
 from .settings import PREFIX, SBS, VMDIR
 
@@ -55,6 +57,39 @@ def mem_available_kib():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1])
     raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def settled_mem_available_kib(timeout=5.0, step=0.25, within_kib=1024):
+    """MemAvailable once it has stopped moving (two samples `step` s apart within
+    `within_kib`), or the last sample after `timeout` s: what the previous run freed (its
+    VMMs' exits, their page cache) is counted before a run starts, not during it."""
+    last = mem_available_kib()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(step)
+        cur = mem_available_kib()
+        if abs(cur - last) <= within_kib:
+            return cur
+        last = cur
+    return last
+
+
+def busy_cpu_s():
+    """CPU seconds the whole host has spent busy since boot (all cores; /proc/stat's first
+    line less idle and iowait): the difference over an interval is the work that interval
+    cost the machine, whoever did it."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def sandbox_state(cid):
+    """The shim's persist.json of sandbox `cid` (its pids), or None if unreadable."""
+    try:
+        with open(os.path.join(SBS, cid, "persist.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def our_sandboxes():

@@ -2,24 +2,20 @@
 virtiofsd and the vsock backend (pids from persist.json, each with its descendants), and
 runc's shim with its container processes."""
 
-import json
 import os
 import time
 
-from .host import children_map, cmdline, pss_kib, qemu_memory_kib, with_descendants
-from .settings import RUNS, SBS, log
+from .host import children_map, cmdline, pss_kib, qemu_memory_kib, sandbox_state, with_descendants
+from .settings import RUNS, log
 
 
-def sample(ids):
-    """PSS in MiB by role of the idle kata sandbox ids["kata"] and of runc's ids["runc"]."""
-    kids = children_map()
-    res = {}
-    try:
-        with open(os.path.join(SBS, ids["kata"], "persist.json")) as f:
-            st = json.load(f)
-    except (OSError, ValueError) as e:
-        log("reading persist.json of %s: %s" % (ids["kata"], e))
+def kata_pss(cid, kids):
+    """PSS in MiB by role of kata sandbox `cid` (shim, qemu with its split, virtiofsd,
+    vsock, their sum with and without TCG's cache), or None without its persist.json."""
+    st = sandbox_state(cid)
+    if st is None:
         return None
+    res = {}
     roles = {"shim": [st.get("shim_pid", 0)], "qemu": [], "virtiofsd": [], "vsock": []}
     if st.get("vmm_pid", 0) > 0:
         roles["qemu"] = with_descendants(st["vmm_pid"], kids)
@@ -38,6 +34,16 @@ def sample(ids):
     res["sum"] = sum(res.get(k) or 0 for k in ("shim", "qemu", "virtiofsd", "vsock"))
     # What the same sandbox would cost under KVM, which has no translation cache.
     res["sum_without_tcg_cache"] = res["sum"] - (res.get("qemu_tcg_cache") or 0)
+    return res
+
+
+def sample(ids):
+    """PSS in MiB by role of the idle kata sandbox ids["kata"] and of runc's ids["runc"]."""
+    kids = children_map()
+    res = kata_pss(ids["kata"], kids)
+    if res is None:
+        log("persist.json of %s could not be read" % ids["kata"])
+        return None
     runc_shim = None
     for d in os.listdir("/proc"):
         if not d.isdigit():
