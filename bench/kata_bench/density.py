@@ -17,12 +17,14 @@ from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
 from .startup import FLOOR_MS, floor_cmd
 
 
-def density_once(h, side, count=DENSITY, remove=True, settle=True):
+def density_once(h, side, count=DENSITY, remove=True, detail=True):
     """`count` sandboxes of `side` started at once; removed again unless `remove` is
     false (their ids are then in the result's "ids", for the caller to remove). With
-    `settle`, host memory is first left to settle (see `settled_mem_available_kib`)."""
+    `detail`, host memory is first left to settle (see `settled_mem_available_kib`) and
+    kata's sandboxes' PSS is read once they run; `hold` turns it off, as its waves would
+    only wait for it."""
     ids = [h.new_id(side[0] + "d") for _ in range(count)]
-    before = settled_mem_available_kib() if settle else mem_available_kib()
+    before = settled_mem_available_kib() if detail else mem_available_kib()
     cpu0 = busy_cpu_s()
     poll_cpu = 0.0
     m0 = time.monotonic()
@@ -48,7 +50,7 @@ def density_once(h, side, count=DENSITY, remove=True, settle=True):
         time.sleep(0.1)
     cpu = busy_cpu_s() - cpu0 - poll_cpu
     after = mem_available_kib()
-    pss, pss_less_tcg = pss_per_sandbox(running) if side == "kata" else (None, None)
+    pss, pss_less_tcg = pss_per_sandbox(running) if detail and side == "kata" else (None, None)
     for cid, p in procs.items():
         rc, _, err = reap(p, 5)
         if rc != 0:
@@ -82,7 +84,7 @@ def children_cpu(fn):
 
 def pss_per_sandbox(cids):
     """Mean PSS (MiB) of kata sandboxes `cids`, all their processes, with and without the
-    VMMs' TCG caches; (None, None) for runc's containers or if any could not be read."""
+    VMMs' TCG caches; (None, None) if any could not be read."""
     kids = children_map()
     got = [kata_pss(cid, kids) for cid in cids]
     if not got or any(g is None for g in got):

@@ -15,7 +15,7 @@ def bench_hold(h):
     held, lost = [], 0
     while len(held) + lost < HOLD:
         wave = min(DENSITY, HOLD - len(held) - lost)
-        r = density_once(h, "kata", count=wave, remove=False, settle=False)
+        r = density_once(h, "kata", count=wave, remove=False, detail=False)
         held += r["ids"]
         lost += r["lost"]
     t_all = (time.monotonic() - t0) * 1000
