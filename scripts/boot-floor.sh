@@ -7,7 +7,16 @@
 #
 # stdout: one line "floor-boot-ms: N". The guest's serial output goes to stderr when
 # FLOOR_VERBOSE=1, and is printed anyway if the boot fails.
+#
+# With FLOOR_HOLD=S the guest stays up idle once booted, handing back the memory it frees
+# as the runtime's guests do (below): the memory floor. The script prints
+# "floor-boot-ms: N" (QEMU's start to the init's line) and "floor-qemu-pid: PID" as soon
+# as init is up, keeps QEMU running for S seconds, then kills it and exits 0. Killing
+# the script (TERM, INT, or its process group) ends QEMU too.
+#
 # Env: QEMU (default qemu-system-x86_64), FLOOR_TIMEOUT (s, default 60), FLOOR_CPU,
+#      FLOOR_MEMORY (guest MiB, default 512: the runtime's default_memory; pass the
+#      configured value, so the floor's VM is the sandboxes' size),
 #      FLOOR_MACHINE_OPTS (extra -M microvm options, default below), FLOOR_APPEND (extra cmdline).
 set -euo pipefail
 
@@ -20,7 +29,11 @@ initrd=$2
 accel=${3:-tcg}
 QEMU=${QEMU:-qemu-system-x86_64}
 timeout_s=${FLOOR_TIMEOUT:-60}
+memory=${FLOOR_MEMORY:-512}
+hold=${FLOOR_HOLD:-}
 marker='floor-init: up'
+case "$memory" in '' | *[!0-9]*) die "FLOOR_MEMORY must be a number of MiB, not '$memory'" ;; esac
+case "$hold" in *[!0-9]*) die "FLOOR_HOLD must be a number of seconds, not '$hold'" ;; esac
 
 [ -f "$vmlinux" ] || die "kernel '$vmlinux' not found (build it with guest/build-kernel.sh)"
 [ -f "$initrd" ] || die "initrd '$initrd' not found (build it with guest/build-floor-initrd.sh)"
@@ -56,20 +69,65 @@ esac
 # doesn't work"), pit=off,pic=off hangs, rtc=off adds about 1 s, pic=off changes nothing.
 machine_opts=${FLOOR_MACHINE_OPTS:-x-option-roms=off,isa-serial=on}
 cmdline="console=ttyS0 reboot=t panic=-1 quiet${tcg_params:+ $tcg_params}${FLOOR_APPEND:+ $FLOOR_APPEND}"
+# Held up, the VM hands back the memory its guest frees as the runtime's do
+# (hypervisor/src/qemu/cmdline.rs: BALLOON and the page_reporting order in BASE_KERNEL_PARAMS),
+# so the memory floor counts what a booted guest keeps, not what its boot once touched.
+balloon=()
+if [ -n "$hold" ]; then
+    cmdline="$cmdline page_reporting.page_reporting_order=5 floor_hold=1"
+    balloon=(-device virtio-balloon-device,free-page-reporting=on)
+fi
 
 log=$(mktemp "${TMPDIR:-/tmp}/boot-floor.XXXXXX")
-trap 'rm -f "$log"' EXIT
+qpid=""
+cleanup() {
+    if [ -n "$qpid" ]; then
+        kill -KILL "$qpid" 2>/dev/null || true
+        wait "$qpid" 2>/dev/null || true
+    fi
+    rm -f "$log"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+qemu_args=(
+    -M "microvm,acpi=off,$machine_opts" -accel "$accel${tcg_params:+,tb-size=64}"
+    -cpu "$cpu" -m "${memory}M"
+    -object "memory-backend-memfd,id=mem,size=${memory}M,share=on" -machine memory-backend=mem
+    -nodefaults -no-user-config -nographic -no-reboot
+    -kernel "$vmlinux" -initrd "$initrd"
+    -append "$cmdline"
+    -serial stdio
+    "${balloon[@]}"
+)
+
+failed() {
+    tail -n 40 "$log" | tr -d '\r' >&2
+    die "$1"
+}
 
 start=$(date +%s%N)
+if [ -n "$hold" ]; then
+    "$QEMU" "${qemu_args[@]}" </dev/null >"$log" 2>&1 &
+    qpid=$!
+    deadline=$((SECONDS + timeout_s))
+    until grep -q "$marker" "$log"; do
+        kill -0 "$qpid" 2>/dev/null || failed "QEMU exited before the guest printed '$marker' (output above)"
+        [ $SECONDS -lt $deadline ] || failed "the guest did not print '$marker' within ${timeout_s}s (output above)"
+        sleep 0.01
+    done
+    ms=$((($(date +%s%N) - start) / 1000000))
+    echo "floor-boot-ms: $ms"
+    echo "floor-qemu-pid: $qpid"
+    [ "${FLOOR_VERBOSE:-0}" = 1 ] && tr -d '\r' <"$log" >&2
+    sleep "$hold" &
+    wait $! || true
+    kill -0 "$qpid" 2>/dev/null || failed "QEMU exited while held (output above)"
+    exit 0
+fi
 set +e
-timeout --kill-after=5 "$timeout_s" "$QEMU" \
-    -M "microvm,acpi=off,$machine_opts" -accel "$accel${tcg_params:+,tb-size=64}" \
-    -cpu "$cpu" -m 256M \
-    -object memory-backend-memfd,id=mem,size=256M,share=on -machine memory-backend=mem \
-    -nodefaults -no-user-config -nographic -no-reboot \
-    -kernel "$vmlinux" -initrd "$initrd" \
-    -append "$cmdline" \
-    -serial stdio </dev/null >"$log" 2>&1
+timeout --kill-after=5 "$timeout_s" "$QEMU" "${qemu_args[@]}" </dev/null >"$log" 2>&1
 rc=$?
 set -e
 end=$(date +%s%N)
@@ -77,15 +135,12 @@ ms=$(((end - start) / 1000000))
 
 [ "${FLOOR_VERBOSE:-0}" = 1 ] && tr -d '\r' <"$log" >&2
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    tail -n 40 "$log" | tr -d '\r' >&2
-    die "QEMU did not exit within ${timeout_s}s (guest output above)"
+    failed "QEMU did not exit within ${timeout_s}s (guest output above)"
 fi
 if [ $rc -ne 0 ]; then
-    tail -n 40 "$log" | tr -d '\r' >&2
-    die "QEMU exited with status $rc (output above)"
+    failed "QEMU exited with status $rc (output above)"
 fi
 if ! grep -q "$marker" "$log"; then
-    tail -n 40 "$log" | tr -d '\r' >&2
-    die "QEMU exited but the guest never printed '$marker' (output above)"
+    failed "QEMU exited but the guest never printed '$marker' (output above)"
 fi
 echo "floor-boot-ms: $ms"

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 
 from . import shimlog
 from .host import cmdline, listing, our_sandboxes
@@ -14,6 +15,19 @@ from .procs import LIVE, kill_group, reap, run, spawn
 from .report import Report
 from .settings import (BENCH_SINK_PARAM, CMD_TIMEOUT, IMAGE, NS, PREFIX, REPO, RT, SBS,
                        VMDIR, log)
+
+
+def default_memory_mib():
+    """[hypervisor.qemu] default_memory of the default configuration (config/configuration.toml,
+    what `make install` puts down), in MiB."""
+    path = os.path.join(REPO, "config", "configuration.toml")
+    with open(path, "rb") as f:
+        conf = tomllib.load(f)
+    mib = conf.get("hypervisor", {}).get("qemu", {}).get("default_memory")
+    if not isinstance(mib, int) or mib <= 0:
+        raise RuntimeError("%s: [hypervisor.qemu] default_memory is %r, not a size in MiB"
+                           % (path, mib))
+    return mib
 
 
 class Harness:
@@ -34,6 +48,9 @@ class Harness:
         # rootfs cache), for the exec row that shows what the rootfs share saves.
         self.conf_one_share = os.path.join(self.work, "configuration-one-share.toml")
         self.floor_initrd = os.path.join(self.work, "floor.img")
+        # The sandboxes' memory size (the bench runs the default configuration), which the
+        # floor's bare VM gets too.
+        self.memory_mib = default_memory_mib()
         self.env = dict(os.environ)
         self.env["PATH"] = shim_dir + ":" + os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         self.env["KATA_CONF_FILE"] = self.conf

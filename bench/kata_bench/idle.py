@@ -28,7 +28,7 @@ def start_idle(h, ids):
 def bench_idle(h):
     ids = start_idle(h, {"kata": h.new_id("ki"), "runc": h.new_id("ri")})
     log("idle containers running: %s" % ids)
-    time.sleep(2)  # let the fresh sandboxes settle before sampling memory
+    time.sleep(memory.SETTLE_S)  # let the fresh sandboxes settle before sampling memory
     mem = memory.measure(ids)
     # Started after the memory samples, which it would change (shared pages count less).
     ids.update(start_idle(h, {"kata_one_share": h.new_id("ko")}))
@@ -40,5 +40,7 @@ def bench_idle(h):
     after = memory.measure(ids)
     throughput.add_vsock_ceiling_rows(h.report, ceil, cfail)
     exec_latency.add_rows(h.report, ex, exf)
-    memory.add_rows(h.report, mem, after)
     h.remove(list(ids.values()))
+    # Alone, as the sandbox was sampled (another QEMU would share its mapped files).
+    floor = memory.measure_floor(h)
+    memory.add_rows(h.report, mem, after, floor)

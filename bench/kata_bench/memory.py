@@ -1,12 +1,16 @@
 """5: memory. PSS (/proc/PID/smaps_rollup) of one idle sandbox by role: the shim, the VMM,
 virtiofsd and the vsock backend (pids from persist.json, each with its descendants), and
-runc's shim with its container processes."""
+runc's shim with its container processes; and the floor: a bare VM of our kernel, idle."""
 
 import os
+import re
+import subprocess
 import time
 
 from .host import children_map, cmdline, pss_kib, qemu_memory_kib, sandbox_state, with_descendants
+from .procs import kill_group, reap, spawn
 from .settings import RUNS, log
+from .startup import floor_cmd
 
 
 def kata_pss(cid, kids):
@@ -75,9 +79,45 @@ def measure(ids):
 
 # Seconds between the end of the vsock ceiling's transfer and the "after" sample.
 AFTER_ACTIVITY_S = 5
+# Seconds a fresh VM settles before its first sample (the idle sandboxes' too).
+SETTLE_S = 2
+FLOOR_PID = re.compile(rb"floor-qemu-pid: (\d+)")
 
 
-def add_rows(R, mem, after=()):
+def measure_floor(h):
+    """The memory floor: scripts/boot-floor.sh held up idle (a bare VM of the sandboxes' size,
+    our kernel, an init that only waits, the balloon's free page reporting as the runtime
+    sets it up), sampled like the idle sandbox (SETTLE_S after its init is up, then RUNS
+    samples half a second apart): QEMU's PSS split, and its total as "sum"."""
+    hold_s = SETTLE_S + RUNS + 30
+    p = spawn(floor_cmd(h, hold_s), env=h.env, stdout=subprocess.PIPE)
+    samples = []
+    try:
+        pid = None
+        for line in p.stdout:
+            m = FLOOR_PID.search(line)
+            if m:
+                pid = int(m.group(1))
+                break
+        if pid is None:
+            rc, _, err = reap(p, 10)
+            log("memory floor: the bare VM did not come up (rc %s): %s" % (rc, err[-500:]))
+            return samples
+        time.sleep(SETTLE_S)
+        for _ in range(RUNS):
+            parts = qemu_memory_kib(pid)
+            if parts:
+                m = {k: v / 1024 for k, v in parts.items()}
+                m["sum"] = sum(m.values())
+                samples.append(m)
+            time.sleep(0.5)
+    finally:
+        kill_group(p)
+        reap(p, 10)
+    return samples
+
+
+def add_rows(R, mem, after=(), floor=()):
     sec = "5. memory (PSS, /proc/PID/smaps_rollup, one idle `sleep 600`)"
     how_pids = "pids from /run/vc/sbs/<id>/persist.json"
     R.add(sec, "pss_shim_mib", "shim", "MiB",
@@ -111,5 +151,28 @@ def add_rows(R, mem, after=()):
     R.add(sec, "pss_sum_no_tcg_mib", "sum without TCG's cache", "MiB",
           "the sum less the TCG translation cache: the same sandbox's cost under KVM, which translates nothing",
           kata=[m["sum_without_tcg_cache"] for m in mem], single=True)
+    how_floor = ("scripts/boot-floor.sh held up idle: QEMU microvm, the sandboxes' memory "
+                 "size, our kernel, an init that only waits, virtio-balloon with free page "
+                 "reporting as the runtime sets it up; no agent, no helpers, no other "
+                 "device; sampled alone, like the sandbox")
+    R.add(sec, "pss_floor_mib", "floor: bare VM, idle (QEMU)", "MiB", how_floor,
+          kata=[f["sum"] for f in floor], single=True)
+    for key, label in [("guest_ram", "  of which: guest RAM"),
+                       ("tcg_cache", "  of which: TCG translation cache"),
+                       ("files", "  of which: mapped files"),
+                       ("other", "  of which: QEMU's own")]:
+        R.add(sec, "pss_floor_%s_mib" % key, label, "MiB",
+              "the floor's QEMU split like the sandbox's",
+              kata=[f[key] for f in floor], single=True)
+    pairs = list(zip(mem, floor))
+    R.add(sec, "pss_minus_floor_mib", "ours - floor", "MiB",
+          "sample by sample: the sum minus the floor's QEMU; what the runtime adds to a bare VM",
+          kata=[m["sum"] - f["sum"] for m, f in pairs], single=True)
+    R.add(sec, "pss_minus_floor_no_tcg_mib", "  without TCG's caches", "MiB",
+          "the same, each side less its translation cache",
+          kata=[m["sum_without_tcg_cache"] - (f["sum"] - f["tcg_cache"]) for m, f in pairs],
+          single=True)
     if not mem:
         R.notes.append("memory: persist.json could not be read; no PSS figures")
+    if not floor:
+        R.notes.append("memory: the floor's bare VM could not be sampled")

@@ -50,10 +50,14 @@ def timed_echo(h, side):
     return ms, cid, t0, t1
 
 
-def floor_cmd(h):
-    """scripts/boot-floor.sh: a bare boot of our kernel under the shim's accelerator."""
-    return ["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel, h.floor_initrd,
-            h.accel or "tcg"]
+def floor_cmd(h, hold_s=None):
+    """scripts/boot-floor.sh: a bare boot of our kernel under the shim's accelerator, in a VM
+    of the sandboxes' size; with `hold_s`, it stays up idle that long (the memory floor)."""
+    env = ["FLOOR_MEMORY=%d" % h.memory_mib]
+    if hold_s is not None:
+        env.append("FLOOR_HOLD=%d" % hold_s)
+    return ["env"] + env + ["bash", os.path.join(REPO, "scripts/boot-floor.sh"), h.kernel,
+                            h.floor_initrd, h.accel or "tcg"]
 
 
 FLOOR_MS = re.compile(r"floor-boot-ms: (\d+)")
@@ -114,8 +118,8 @@ def bench_startup(h):
           "wall time of the ctr command (spawned to exited), output checked",
           kata=vals["kata"], runc=vals["runc"], failed=fails)
     R.add(sec, "floor_boot_ms", "floor: bare boot, trivial init", "ms",
-          "scripts/boot-floor.sh: QEMU microvm accel=%s, our kernel, init that powers off; "
-          "QEMU start to exit" % accel, kata=vals["floor"], failed={"kata": fails["floor"]},
+          "scripts/boot-floor.sh: QEMU microvm accel=%s, %d MiB like the sandboxes, our "
+          "kernel, init that powers off; QEMU start to exit" % (accel, h.memory_mib), kata=vals["floor"], failed={"kata": fails["floor"]},
           single=True)
     R.add(sec, "ours_minus_floor_ms", "ours - floor", "ms",
           "per run: kata echo time minus the floor boot of the same run", kata=vals["diff"],
