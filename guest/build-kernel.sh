@@ -3,6 +3,12 @@
 # with guest/patches/*.patch applied in order and tinyconfig + guest/kernel.fragment.
 # Cached outside the repo by the hash of the fragment, the patches, this script and the
 # source tarball's size; prints the path of the cached vmlinux.
+#
+# The vmlinux VMs boot is stripped of its symbol table (the same loadable segments and
+# notes): QEMU's ELF loader reads every symbol of the kernel it loads, sorts them and
+# keeps them for its disassembler, ~7 ms of every VM's start and 1.2 MiB of every QEMU's
+# heap with our kernel's 36 thousand symbols. The unstripped image stays beside it as
+# vmlinux.debug, for reading addresses from a guest's oops.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 SRC_TAR=/usr/src/linux-source-6.12.tar.xz
@@ -39,7 +45,8 @@ done <"$here/kernel.fragment"
 [ $missing = 0 ] || { echo "build-kernel: fix guest/kernel.fragment (dependencies above)" >&2; exit 1; }
 make -s -j"$(nproc)" vmlinux >&2
 mkdir -p "$out.tmp"
-cp vmlinux "$out.tmp/vmlinux"
+cp vmlinux "$out.tmp/vmlinux.debug"
+objcopy --strip-all vmlinux "$out.tmp/vmlinux"
 cp .config "$out.tmp/config"
 make -s kernelrelease >"$out.tmp/release"
 rm -rf "$out"
