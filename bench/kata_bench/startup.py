@@ -119,8 +119,8 @@ def bench_startup(h):
           kata=vals["kata"], runc=vals["runc"], failed=fails)
     R.add(sec, "floor_boot_ms", "floor: bare boot, trivial init", "ms",
           "scripts/boot-floor.sh: QEMU microvm accel=%s, %d MiB like the sandboxes, our "
-          "kernel, init that powers off; QEMU start to exit" % (accel, h.memory_mib), kata=vals["floor"], failed={"kata": fails["floor"]},
-          single=True)
+          "kernel, init that powers off; QEMU start to exit" % (accel, h.memory_mib),
+          kata=vals["floor"], failed={"kata": fails["floor"]}, single=True)
     R.add(sec, "ours_minus_floor_ms", "ours - floor", "ms",
           "per run: kata echo time minus the floor boot of the same run", kata=vals["diff"],
           single=True)
