@@ -25,6 +25,15 @@ pub mod runtimeoptions {
     include!(concat!(env!("OUT_DIR"), "/runtimeoptions.rs"));
 }
 
+/// containerd's shim bootstrap messages (`containerd.runtime.bootstrap.v1`): from 2.3 on,
+/// containerd writes `BootstrapParams` on the shim's stdin at `start` and accepts a
+/// `BootstrapResult` on its stdout.
+#[allow(clippy::all, unused_mut, unused_imports, unknown_lints, unused_attributes, non_upper_case_globals, non_camel_case_types, unused_results)]
+#[rustfmt::skip]
+pub mod bootstrap {
+    include!(concat!(env!("OUT_DIR"), "/bootstrap.rs"));
+}
+
 /// The vsock port kata-agent serves its ttrpc API on (Kata's port).
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 

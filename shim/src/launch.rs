@@ -51,7 +51,7 @@ impl Launcher for VmLauncher {
         spec: &SandboxSpec,
         log: &Logger,
     ) -> Result<Arc<Sandbox>, LaunchError> {
-        let cfg = options::load_config(options)?;
+        let cfg = options::load_config(options, crate::start::start_config_path())?;
         self.debug.set(cfg.runtime.enable_debug);
         slog::info!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
         Ok(Sandbox::create(id, &cfg, spec, log).await?)

@@ -40,22 +40,26 @@ impl DebugSwitch {
     }
 }
 
-/// Opens `path` (containerd holds its read side) and builds the root logger.
-pub fn fifo_logger(path: &Path, sandbox_id: &str, debug: &DebugSwitch) -> Logger {
-    let file = std::fs::OpenOptions::new()
+/// Opens the fifo at `path` for writing if a reader (containerd) holds its other side,
+/// never blocking on the open; writes then block, so that no line is lost to EAGAIN.
+pub fn open_fifo_writer(path: &Path) -> Option<File> {
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .ok()
-        .inspect(|f| {
-            // Writes block from here on, so no line is lost to EAGAIN.
-            use std::os::fd::AsRawFd;
-            // SAFETY: fcntl on a descriptor we own, with flags read from it just before.
-            unsafe {
-                let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-                libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-            }
-        });
+        .ok()?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor we own, with flags read from it just before.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+    }
+    Some(f)
+}
+
+/// Opens `path` (containerd holds its read side) and builds the root logger.
+pub fn fifo_logger(path: &Path, sandbox_id: &str, debug: &DebugSwitch) -> Logger {
+    let file = open_fifo_writer(path);
     let sink: &'static Sink = Box::leak(Box::new(Sink(Mutex::new(file))));
     let json = slog_json::Json::new(sink).add_default_keys().build();
     let switch = debug.0.clone();

@@ -1,9 +1,10 @@
 //! Which configuration file a sandbox uses.
 //!
 //! Lookup order, first found wins:
-//! 1. the runtime options of CreateTask: containerd's `runtimeoptions.v1.Options` with
-//!    `ConfigPath`, set by a runtime entry's `options.ConfigPath` (one RuntimeClass per
-//!    configuration file) or by `ctr run --runtime-config-path FILE`;
+//! 1. the runtime options: containerd's `runtimeoptions.v1.Options` with `ConfigPath`, set
+//!    by a runtime entry's `options.ConfigPath` (one RuntimeClass per configuration file)
+//!    or by `ctr run --runtime-config-path FILE`; CreateTask carries them, and so does
+//!    `start`'s stdin (see `start`), for a CreateTask without any;
 //! 2. `$KATA_CONF_FILE`;
 //! 3. `/etc/kata-containers/configuration.toml`;
 //! 4. `/usr/share/defaults/kata-containers/configuration.toml`.
@@ -18,7 +19,7 @@ use containerd_shim_protos::protobuf::{Message, MessageField};
 use protocols::runtimeoptions::Options;
 
 /// The message name containerd gives its runtime options (with or without a URL prefix).
-const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
+pub const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OptionsError {
@@ -36,9 +37,14 @@ pub enum OptionsError {
 /// The `ConfigPath` in CreateTask's options, if they are containerd's runtime options and
 /// name one. Options of another type (runc's, say) name no configuration and are ignored.
 pub fn config_path(options: &MessageField<Any>) -> Result<Option<PathBuf>, OptionsError> {
-    let Some(any) = options.as_ref() else {
-        return Ok(None);
-    };
+    match options.as_ref() {
+        Some(any) => config_path_of(any),
+        None => Ok(None),
+    }
+}
+
+/// The `ConfigPath` in runtime options `any`, as [`config_path`].
+pub fn config_path_of(any: &Any) -> Result<Option<PathBuf>, OptionsError> {
     if !any.type_url.ends_with(RUNTIME_OPTIONS_TYPE) {
         return Ok(None);
     }
@@ -51,8 +57,12 @@ pub fn config_path(options: &MessageField<Any>) -> Result<Option<PathBuf>, Optio
 }
 
 /// Loads the configuration the lookup order selects, with its paths checked.
-pub fn load_config(options: &MessageField<Any>) -> Result<kata_config::Config, OptionsError> {
-    let cfg = match config_path(options)? {
+/// `start_path` is the `ConfigPath` that came at `start`, for options without one.
+pub fn load_config(
+    options: &MessageField<Any>,
+    start_path: Option<PathBuf>,
+) -> Result<kata_config::Config, OptionsError> {
+    let cfg = match config_path(options)?.or(start_path) {
         Some(path) => {
             if let Err(source) = std::fs::metadata(&path) {
                 return Err(OptionsError::ConfigPath { path, source });
@@ -118,11 +128,26 @@ mod tests {
 
     #[test]
     fn a_missing_config_path_is_an_error_not_the_defaults() {
-        let err = load_config(&any("runtimeoptions.v1.Options", "/nonexistent/kata.toml"))
-            .unwrap_err()
-            .to_string();
+        let err = load_config(
+            &any("runtimeoptions.v1.Options", "/nonexistent/kata.toml"),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("/nonexistent/kata.toml"), "{err}");
         assert!(err.contains("ConfigPath"), "{err}");
+    }
+
+    #[test]
+    fn the_config_path_from_start_serves_a_create_without_one() {
+        let start = Some(PathBuf::from("/nonexistent/start.toml"));
+        let err = load_config(&MessageField::none(), start.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/start.toml"), "{err}");
+        let own = any("runtimeoptions.v1.Options", "/nonexistent/create.toml");
+        let err = load_config(&own, start).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/create.toml"), "{err}");
     }
 
     #[test]
@@ -130,9 +155,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("lots.toml");
         std::fs::write(&file, "[hypervisor.qemu]\ndefault_memory = \"lots\"\n").unwrap();
-        let err = load_config(&any("runtimeoptions.v1.Options", file.to_str().unwrap()))
-            .unwrap_err()
-            .to_string();
+        let err = load_config(
+            &any("runtimeoptions.v1.Options", file.to_str().unwrap()),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains(file.to_str().unwrap()), "{err}");
         assert!(err.contains("default_memory"), "{err}");
     }

@@ -1,27 +1,26 @@
-//! The shim binary's lifecycle as containerd drives it: `start` (spawn the per-sandbox
-//! daemon, or return the address of the sandbox's daemon for a pod's other containers),
-//! `delete` (clean up after a daemon that died), and the daemon itself.
+//! The shim daemon as containerd's shim crate runs it, and the `delete` action (clean up
+//! after a daemon that died). `start` is ours alone (see `start`): containerd 2.3+ speaks
+//! a bootstrap protocol on stdin that the crate does not know.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use containerd_shim::asynchronous::publisher::RemotePublisher;
-use containerd_shim::asynchronous::util::write_str_to_file;
-use containerd_shim::asynchronous::{spawn, ExitSignal, Shim};
+use containerd_shim::asynchronous::{ExitSignal, Shim};
 use containerd_shim::{Config, Error as ShimError, Flags, StartOpts};
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::MessageField;
-use slog::{info, o, Logger};
+use slog::{info, o, warn, Logger};
 
 use crate::events::{timestamp, Events};
 use crate::launch::VmLauncher;
 use crate::log::{fifo_logger, DebugSwitch};
 use crate::persist::SandboxState;
 use crate::sandbox::cleanup_host;
-use crate::spec;
-use crate::task::TaskService;
+use crate::start::sandbox_id_of_bundle;
+use crate::task::{IdleProbe, TaskService};
 
 pub struct Service {
     id: String,
@@ -32,6 +31,9 @@ pub struct Service {
     socket: String,
     debug: bool,
     exit: Arc<ExitSignal>,
+    /// Whether the sandbox is gone, once the Task service exists.
+    idle: OnceLock<IdleProbe>,
+    log: OnceLock<Logger>,
 }
 
 /// Removes the shim socket at `address` (`unix://PATH`); with `only_if_dead`, only when no
@@ -45,13 +47,43 @@ fn remove_socket(address: &str, only_if_dead: bool) {
     }
 }
 
-/// Reads the sandbox id of the container whose bundle is the current directory.
-fn sandbox_id_of_bundle(id: &str) -> String {
-    std::fs::read("config.json")
+/// The shim socket of the sandbox whose bundle is the current directory: the bundle's
+/// `address` file, else containerd's default naming.
+fn bundle_socket(address: &str, namespace: &str, sandbox_id: &str) -> String {
+    std::fs::read_to_string("address")
         .ok()
-        .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
-        .map(|s| spec::sandbox_of(&s, id))
-        .unwrap_or_else(|| id.to_string())
+        .map(|a| a.trim().to_string())
+        .filter(|a| a.starts_with("unix://"))
+        .unwrap_or_else(|| crate::start::socket_address(address, namespace, sandbox_id, None))
+}
+
+/// Kills the daemon the bundle's `shim.pid` names if it still runs for sandbox `id`
+/// (its command line says so), and reaps nothing: it is not our child.
+fn kill_stale_daemon(id: &str) {
+    let Some(pid) = std::fs::read_to_string("shim.pid")
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|p| *p > 1 && *p as u32 != std::process::id())
+    else {
+        return;
+    };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let ours = args
+        .first()
+        .is_some_and(|a| a.ends_with(b"containerd-shim-kata-v2"))
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"-id" && w[1] == id.as_bytes())
+        && args.contains(&&b"-socket"[..]);
+    if ours {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 fn other(msg: String) -> ShimError {
@@ -70,31 +102,16 @@ impl Shim for Service {
             socket: args.socket.clone(),
             debug: args.debug,
             exit: Arc::new(ExitSignal::default()),
+            idle: OnceLock::new(),
+            log: OnceLock::new(),
         }
     }
 
-    async fn start_shim(&mut self, opts: StartOpts) -> Result<String, ShimError> {
-        let sandbox_id = sandbox_id_of_bundle(&opts.id);
-        if sandbox_id != opts.id {
-            // A pod container: its sandbox's daemon serves it; spawn nothing.
-            let address =
-                containerd_shim::socket_address(&opts.address, &opts.namespace, &sandbox_id);
-            let path = address.trim_start_matches("unix://");
-            if std::os::unix::net::UnixStream::connect(path).is_err() {
-                return Err(other(format!(
-                    "sandbox {sandbox_id} of container {} has no running shim at {address}; start the sandbox container first",
-                    opts.id
-                )));
-            }
-            write_str_to_file("address", &address).await?;
-            if let Ok(state) = SandboxState::load(&sandbox_id) {
-                let _ = std::fs::write("shim.pid", state.shim_pid.to_string());
-            }
-            return Ok(address);
-        }
-        let address = spawn(opts, &sandbox_id, Vec::new()).await?;
-        write_str_to_file("address", &address).await?;
-        Ok(address)
+    async fn start_shim(&mut self, _opts: StartOpts) -> Result<String, ShimError> {
+        // main.rs runs `start` itself (start.rs); the crate never gets here.
+        Err(other(
+            "start is handled by the shim's own start path".into(),
+        ))
     }
 
     async fn delete_shim(&mut self) -> Result<DeleteResponse, ShimError> {
@@ -105,9 +122,10 @@ impl Shim for Service {
             if let Ok(state) = SandboxState::load(&sandbox_id) {
                 cleanup_host(&state, &log).await;
             }
-            // A daemon that was killed never removed its socket.
-            let address =
-                containerd_shim::socket_address(&self.address, &self.namespace, &sandbox_id);
+            // A daemon containerd gave up on (a start that failed on its side, a daemon
+            // that stopped answering) must not linger, nor its socket.
+            kill_stale_daemon(&self.id);
+            let address = bundle_socket(&self.address, &self.namespace, &sandbox_id);
             remove_socket(&address, true);
         } else {
             let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)
@@ -130,7 +148,28 @@ impl Shim for Service {
     }
 
     async fn wait(&mut self) {
-        self.exit.wait().await;
+        // SIGTERM ends a daemon whose sandbox is gone (or never came); one with a live
+        // sandbox serves on until containerd removes it.
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        loop {
+            tokio::select! {
+                _ = self.exit.wait() => break,
+                Some(()) = async { term.as_mut()?.recv().await } => {
+                    let idle = self.idle.get().is_none_or(IdleProbe::is_idle);
+                    if let Some(log) = self.log.get() {
+                        if idle {
+                            info!(log, "SIGTERM: no sandbox to serve, shim exits");
+                        } else {
+                            warn!(log, "SIGTERM ignored: the sandbox still runs; the shim ends when containerd removes it");
+                        }
+                    }
+                    if idle {
+                        break;
+                    }
+                }
+            }
+        }
         // The containerd-shim crate removes the socket after this only if the bundle's
         // `address` file is still there to read, and containerd may already have deleted
         // the bundle once Shutdown returned (`ctr run --rm`): the socket was left behind.
@@ -146,6 +185,9 @@ impl Shim for Service {
         info!(log, "shim daemon started"; "pid" => std::process::id(), "namespace" => &self.namespace);
         let events = Events::new(publisher, &self.namespace, log.clone());
         let launcher = Box::new(VmLauncher { debug: switch });
-        TaskService::new(&self.id, launcher, events, self.exit.clone(), log)
+        let _ = self.log.set(log.clone());
+        let task = TaskService::new(&self.id, launcher, events, self.exit.clone(), log);
+        let _ = self.idle.set(task.idle_probe());
+        task
     }
 }

@@ -67,6 +67,23 @@ impl TaskService {
     }
 }
 
+/// Tells whether a Task service's sandbox is gone (or never came): no VM, no container
+/// and none being created. The daemon ends on SIGTERM only then.
+pub struct IdleProbe(Arc<Inner>);
+
+impl IdleProbe {
+    pub fn is_idle(&self) -> bool {
+        let st = self.0.lock();
+        st.sandbox.is_none() && st.is_empty()
+    }
+}
+
+impl TaskService {
+    pub fn idle_probe(&self) -> IdleProbe {
+        IdleProbe(self.inner.clone())
+    }
+}
+
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere must not wedge every later RPC.
