@@ -91,11 +91,21 @@ impl Drop for ShimReaper {
     }
 }
 
-fn protobuf_string(field: u8, s: &str) -> Vec<u8> {
-    assert!(s.len() < 128, "a one-byte length");
-    let mut out = vec![(field << 3) | 2, s.len() as u8];
-    out.extend_from_slice(s.as_bytes());
+/// A length-delimited protobuf field: tag, varint length, bytes.
+fn protobuf_bytes(field: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![(field << 3) | 2];
+    let mut len = bytes.len();
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(bytes);
     out
+}
+
+fn protobuf_string(field: u8, s: &str) -> Vec<u8> {
+    protobuf_bytes(field, s.as_bytes())
 }
 
 /// BootstrapParams (containerd 2.3+) for `b`, with `extra` fields appended.
@@ -206,10 +216,7 @@ fn containerd_2_3_start_answers_a_bootstrap_result_in_its_socket_dir() {
     let socket_dir = b.dir.path().join("s");
     // extensions (8): Extension { value (1): Any(runtime options) }
     let any = runtime_options("/etc/kata-containers/fast.toml");
-    let mut ext = vec![0x0a, any.len() as u8];
-    ext.extend(&any);
-    let mut extra = vec![(8 << 3) | 2, ext.len() as u8];
-    extra.extend(&ext);
+    let mut extra = protobuf_bytes(8, &protobuf_bytes(1, &any));
     extra.extend(protobuf_string(9, socket_dir.to_str().expect("utf-8 path")));
     let out = b.start(&bootstrap_params(&b, &extra));
     assert!(out.status.success(), "start: {}", stderr(&out));
