@@ -19,7 +19,10 @@
 #                                  present, else /opt/cni/bin; DIR/cni/net.d)
 #   CONTAINERD_LOG_LEVEL           default info
 #   CONTAINERD_EXTRA_TOML          text appended to config.toml (config version 2 for
-#                                  containerd 1.x, version 3 for 2.x: see config_version)
+#                                  containerd 1.x, 3 for 2.0 to 2.2, 4 for 2.3 and later:
+#                                  see config_version)
+#   CONTAINERD_KATA_SNIPPET=FILE   the CRI's kata runtimes come from FILE (a deploy snippet
+#                                  for this config version) instead of the entry written here
 #   CONTAINERD_START_TIMEOUT       seconds to wait for the socket (default 30)
 #   CONTAINERD (default containerd), CTR (default ctr): use each containerd's own ctr
 set -euo pipefail
@@ -94,8 +97,10 @@ descendants() {
     done
 }
 
-# The config version CONTAINERD reads natively: 2 for 1.x, 3 for 2.x (which would migrate a
-# version 2 file at every start, and whose CRI is split into several plugins).
+# The config version CONTAINERD reads natively, the one `containerd config default` writes:
+# 2 for 1.x; 3 for 2.0 to 2.2 (which would migrate a version 2 file at every start, and
+# whose CRI is split into several plugins); 4 for 2.3 and later, whose listeners (grpc,
+# ttrpc, debug, metrics) are plugins of their own, io.containerd.server.v1.*.
 config_version() {
     local v
     v=$("$CONTAINERD" --version 2>/dev/null | awk '{print $3}') ||
@@ -103,7 +108,8 @@ config_version() {
     v=${v#v}
     case "$v" in
     1.*) echo 2 ;;
-    [2-9].*) echo 3 ;;
+    2.[0-2].* | 2.[0-2]) echo 3 ;;
+    2.* | [3-9].*) echo 4 ;;
     *) die "cannot tell the version of '$CONTAINERD' from '$("$CONTAINERD" --version 2>&1 | head -n 1)'" ;;
     esac
 }
@@ -138,7 +144,7 @@ start() {
     cfgver=$(config_version)
     local disabled='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
     cri_rt='io.containerd.grpc.v1.cri' cri_img='io.containerd.grpc.v1.cri'
-    if [ "$cfgver" = 3 ]; then
+    if [ "$cfgver" -ge 3 ]; then
         # 2.x: CRI's runtime and image halves are plugins of their own, configured there.
         # Disabling the CRI service alone stops CRI being served; the halves still load,
         # as the pod sandbox controller and the sandbox-controllers service need them
@@ -154,6 +160,9 @@ start() {
     local cni_conf=${CONTAINERD_CNI_CONF_DIR:-$dir/cni/net.d}
     [ "${CONTAINERD_ENABLE_CRI:-0}" = 1 ] && mkdir -p "$cni_conf"
 
+    local snippet=${CONTAINERD_KATA_SNIPPET:-}
+    [ -z "$snippet" ] || [ -f "$snippet" ] || die "CONTAINERD_KATA_SNIPPET: $snippet is not a file"
+
     {
         echo "$MARK"
         echo "version = $cfgver"
@@ -161,24 +170,39 @@ start() {
         echo "state = $(toml_str "$dir/state")"
         echo "$disabled"
         echo
-        echo "[grpc]"
-        echo "  address = $(toml_str "$sock")"
-        echo
-        echo "[ttrpc]"
-        echo "  address = $(toml_str "$sock.ttrpc")"
-        echo
-        echo "[debug]"
-        echo '  address = ""'
-        echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
-        echo
-        echo "[metrics]"
-        echo '  address = ""'
-        echo
+        if [ "$cfgver" -ge 4 ]; then
+            # Version 4: the listeners are server plugins, each with its own default
+            # address (the system's sockets): name ours. debug and metrics listen only
+            # where an address is given.
+            echo '[plugins."io.containerd.server.v1.grpc"]'
+            echo "  address = $(toml_str "$sock")"
+            echo
+            echo '[plugins."io.containerd.server.v1.ttrpc"]'
+            echo "  address = $(toml_str "$sock.ttrpc")"
+            echo
+            echo "[debug]"
+            echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
+            echo
+        else
+            echo "[grpc]"
+            echo "  address = $(toml_str "$sock")"
+            echo
+            echo "[ttrpc]"
+            echo "  address = $(toml_str "$sock.ttrpc")"
+            echo
+            echo "[debug]"
+            echo '  address = ""'
+            echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
+            echo
+            echo "[metrics]"
+            echo '  address = ""'
+            echo
+        fi
         echo '[plugins."io.containerd.internal.v1.opt"]'
         echo "  path = $(toml_str "$dir/opt")"
         echo
         if [ -n "${CONTAINERD_SANDBOX_IMAGE:-}" ]; then
-            if [ "$cfgver" = 3 ]; then
+            if [ "$cfgver" -ge 3 ]; then
                 echo "[plugins.\"$cri_img\".pinned_images]"
                 echo "  sandbox = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
             else
@@ -187,7 +211,7 @@ start() {
             fi
         fi
         echo "[plugins.\"$cri_rt\".cni]"
-        if [ "$cfgver" = 3 ]; then
+        if [ "$cfgver" -ge 3 ]; then
             echo "  bin_dirs = [$(toml_str "$cni_bin")]"
         else
             echo "  bin_dir = $(toml_str "$cni_bin")"
@@ -196,10 +220,16 @@ start() {
         # Naming any runtime replaces CRI's default map, so runc (default_runtime_name) too.
         echo "[plugins.\"$cri_rt\".containerd.runtimes.runc]"
         echo '  runtime_type = "io.containerd.runc.v2"'
-        echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
-        echo '  runtime_type = "io.containerd.kata.v2"'
-        # As deploy/containerd/ sets it: a privileged pod gets the VM's devices.
-        echo '  privileged_without_host_devices = true'
+        if [ -n "$snippet" ]; then
+            echo
+            echo "# $snippet"
+            cat -- "$snippet"
+        else
+            echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
+            echo '  runtime_type = "io.containerd.kata.v2"'
+            # As deploy/containerd/ sets it: a privileged pod gets the VM's devices.
+            echo '  privileged_without_host_devices = true'
+        fi
         if [ -n "${CONTAINERD_EXTRA_TOML:-}" ]; then
             echo
             printf '%s\n' "$CONTAINERD_EXTRA_TOML"

@@ -19,12 +19,13 @@ pub const SHIM_BINARY: &str = "containerd-shim-kata-v2";
 pub const DEFAULT_CONFIG: &str = "/etc/containerd/config.toml";
 /// The runtimes for containerd 1.6/1.7 (configuration version 2).
 pub const SNIPPET_V2: &str = include_str!("../../deploy/containerd/kata-containerd-1.x.toml");
-/// The runtimes for containerd 2.x (configuration version 3).
+/// The runtimes for containerd 2.x (configuration version 3, which 2.0 to 2.2 write, and 4,
+/// which 2.3 and later write: the CRI's runtime tables are the same in both).
 pub const SNIPPET_V3: &str = include_str!("../../deploy/containerd/kata-containerd-2.x.toml");
 /// Where `make install` puts the snippets.
 pub const INSTALLED_SNIPPETS: &str = "/usr/share/kata-containers/deploy/containerd";
 
-/// The CRI plugins that hold runtime entries, by configuration version: 3 (containerd
+/// The CRI plugins that hold runtime entries, by configuration version: 3 and 4 (containerd
 /// 2.x), 2 (1.x), 1 (old 1.x files, which containerd 1.x still reads).
 const CRI_PLUGINS: [&str; 3] = [
     "io.containerd.cri.v1.runtime",
@@ -83,11 +84,12 @@ impl Containerd {
         self.version.as_ref().ok()?.split('.').next()?.parse().ok()
     }
 
-    /// The snippet for this containerd: version 3 for containerd 2.x, else version 2.
+    /// The snippet for this containerd: the 2.x one (configuration version 3 or 4) for
+    /// containerd 2.x, else the version 2 one.
     pub fn snippet(&self) -> &'static str {
         let v3 = match self.major() {
             Some(major) => major >= 2,
-            None => self.config_version == Some(3),
+            None => self.config_version.is_some_and(|v| v >= 3),
         };
         if v3 {
             SNIPPET_V3

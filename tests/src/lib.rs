@@ -76,10 +76,11 @@ impl Containerd {
     }
 
     /// A private containerd of another version than the system's, with the default (QEMU)
-    /// runtime: `version` is a directory of `KATA_TEST_CONTAINERD_DIR` ("1.7", "2.1") that
-    /// `scripts/containerd-versions.sh` unpacked from Debian's package. That containerd and
-    /// its own `ctr` come first in `PATH`, for the daemon, the shim and every `ctr` call.
-    /// Panics (never skips) when the version is not there.
+    /// runtime: `version` is a directory of `KATA_TEST_CONTAINERD_DIR` ("1.7", "2.1", "2.3",
+    /// "2.4") that `scripts/containerd-versions.sh` unpacked from Debian's package or built
+    /// with `go install`. That containerd, its own `ctr` and its own runc shim come first in
+    /// `PATH`, for the daemon, the shim and every `ctr` call. Panics (never skips) when the
+    /// version is not there.
     pub fn start_version(name: &str, version: &str) -> Self {
         let bin = containerd_bin_dir(version);
         Self::start_from(name, &RuntimeConfig::for_backend(Backend::Qemu), Some(&bin))
@@ -102,11 +103,16 @@ impl Containerd {
         std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()))
     }
 
+    /// The runtime configuration file (`KATA_CONF_FILE`) of the instance in `dir`.
+    pub(crate) fn conf_file_in(dir: &Path) -> PathBuf {
+        dir.join("configuration.toml")
+    }
+
     pub(crate) fn start_instance(name: &str, config: &RuntimeConfig, opts: StartOptions) -> Self {
         let bin_dir = opts.bin_dir;
         let dir = Self::dir_for(name);
         std::fs::create_dir_all(&dir).expect("creating the test dir");
-        let conf_file = dir.join("configuration.toml");
+        let conf_file = Self::conf_file_in(&dir);
         std::fs::write(&conf_file, config.render()).expect("writing the test configuration");
         let mut path_env = format!(
             "{}:{}",
@@ -154,13 +160,17 @@ impl Containerd {
             .expect("running containerd-private.sh")
     }
 
-    /// `ctr` against this containerd.
+    /// `ctr` against this containerd. From 1.7 on, ctr prints the daemon's deprecation
+    /// warnings on stderr before its own output (2.2 and later: "cgroup v1 is deprecated",
+    /// on this host's cgroup v1): they are turned off, as containerd lets users do, so
+    /// that stderr is the container's.
     pub fn ctr_cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ctr");
         cmd.arg("-a")
             .arg(&self.socket)
             .args(args)
-            .env("PATH", &self.path_env);
+            .env("PATH", &self.path_env)
+            .env("CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS", "1");
         cmd
     }
 
@@ -350,18 +360,19 @@ impl Drop for Containerd {
     }
 }
 
-/// Where the containerd and ctr of `version` ("1.7", "2.1") are:
+/// Where the containerd, ctr and runc shim of `version` ("1.7", "2.1", "2.3", "2.4") are:
 /// `$KATA_TEST_CONTAINERD_DIR/<version>/usr/bin`. Panics, saying how to get them, when they
 /// are missing: a version that could not be fetched fails the test, never skips it.
 pub fn containerd_bin_dir(version: &str) -> PathBuf {
     let bin = Path::new(&env("KATA_TEST_CONTAINERD_DIR"))
         .join(version)
         .join("usr/bin");
-    for b in ["containerd", "ctr"] {
+    for b in ["containerd", "ctr", "containerd-shim-runc-v2"] {
         assert!(
             bin.join(b).is_file(),
-            "containerd {version}: {} is missing; `bash scripts/containerd-versions.sh` fetches it \
-             from Debian's mirror (`make test` runs it)",
+            "containerd {version}: {} is missing; `bash scripts/containerd-versions.sh` gets it \
+             (from Debian's mirror, or with `go install` from the Go module proxy; `make test` \
+             runs it)",
             bin.join(b).display()
         );
     }

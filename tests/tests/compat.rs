@@ -1,12 +1,16 @@
 //! containerd compatibility: the shim under the system's containerd (Debian bookworm's 1.6)
 //! and under 1.7 and 2.1 (Debian trixie's and sid's packages, unpacked by
-//! `scripts/containerd-versions.sh` into `KATA_TEST_CONTAINERD_DIR`, never installed), each
-//! a private instance driven by its own `ctr`. The rest of the suite runs on the system's
+//! `scripts/containerd-versions.sh` into `KATA_TEST_CONTAINERD_DIR`, never installed) and
+//! 2.3 (the LTS) and 2.4 (built by the same script with `go install`), each a private
+//! instance driven by its own `ctr`. The rest of the suite runs on the system's
 //! containerd; here a short set runs on each version: `ctr run --rm` with its output and
-//! exit code, a detached container with `ctr task exec`, kill and removal, the events
-//! containerd publishes for all of it, and nothing left on the host. A version that is not
-//! there fails its test (with how to fetch it); it is never skipped.
+//! exit code, stdin, runtime options (`--runtime-config-path`, containerd's `ConfigPath`),
+//! a detached container with `ctr task exec`, kill and removal, the events containerd
+//! publishes for all of it, and nothing left on the host; and a CRI pod with its network,
+//! a host port and port-forward. A version that is not there fails its test (with how to
+//! fetch it); it is never skipped.
 
+use std::io::Write;
 use std::time::Duration;
 
 use e2e_tests::*;
@@ -81,6 +85,68 @@ fn short_set(c: &Containerd, version: &str, tag: &str) {
     }
     assert_no_leftovers(&run_id);
 
+    // stdin reaches the container. ctr 1.6 never closes it (no CloseIO), so the container
+    // reads one line rather than to EOF.
+    let in_id = format!("{tag}-in");
+    let mut child = c.spawn_run(&in_id, &["--rm"], &["head", "-n", "1"]);
+    let stdin = child.stdin.take();
+    // From here on ctr is killed (by pid) if the test fails.
+    let mut ctr = Background::new(child);
+    if let Some(mut stdin) = stdin {
+        stdin
+            .write_all(b"line from the host\nsecond\n")
+            .expect("writing ctr's stdin");
+    }
+    let out = ctr
+        .wait_within(Duration::from_secs(120))
+        .unwrap_or_else(|| {
+            panic!(
+                "ctr run with stdin on containerd {version}: no exit in 120 s\n{}",
+                c.log_tail()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "ctr run with stdin on containerd {version}: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    assert_eq!(stdout(&out), "line from the host\n");
+    assert_no_leftovers(&in_id);
+
+    // Runtime options: `--runtime-config-path FILE` is the ConfigPath a runtime entry sets;
+    // the file's VM size (256 MiB, the default being 512) shows in the guest.
+    let rcp_id = format!("{tag}-rcp");
+    let small = c.dir.join("small.toml");
+    let text = RuntimeConfig::qemu()
+        .set("hypervisor.qemu", "default_memory", "256")
+        .render();
+    std::fs::write(&small, text).expect("writing small.toml");
+    let small = small.display().to_string();
+    let out = c.run(
+        &rcp_id,
+        &["--rm", "--runtime-config-path", &small],
+        &["grep", "MemTotal", "/proc/meminfo"],
+    );
+    assert!(
+        out.status.success(),
+        "ctr run --runtime-config-path {small} on containerd {version}: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    let kib: u64 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        kib > 0 && kib < 300 * 1024,
+        "containerd {version}: the guest has {kib} KiB ({:?}): default_memory = 256 of the \
+         runtime options' ConfigPath was not used",
+        stdout(&out)
+    );
+    assert_no_leftovers(&rcp_id);
+
     // A detached container, an exec into it, kill, task rm and container rm.
     let det = format!("{tag}-det");
     start_detached(c, &det, &[], &["sleep", "1000"]);
@@ -152,6 +218,8 @@ fn short_set(c: &Containerd, version: &str, tag: &str) {
 #[test]
 fn containerd_1_6_system() {
     let _run = SandboxCleanup::new("c16-run");
+    let _in = SandboxCleanup::new("c16-in");
+    let _rcp = SandboxCleanup::new("c16-rcp");
     let _det = SandboxCleanup::new("c16-det");
     let c = Containerd::start("c16");
     short_set(&c, "1.6.", "c16");
@@ -161,6 +229,8 @@ fn containerd_1_6_system() {
 #[test]
 fn containerd_1_7() {
     let _run = SandboxCleanup::new("c17-run");
+    let _in = SandboxCleanup::new("c17-in");
+    let _rcp = SandboxCleanup::new("c17-rcp");
     let _det = SandboxCleanup::new("c17-det");
     let c = Containerd::start_version("c17", "1.7");
     short_set(&c, "1.7.24", "c17");
@@ -170,9 +240,34 @@ fn containerd_1_7() {
 #[test]
 fn containerd_2_1() {
     let _run = SandboxCleanup::new("c21-run");
+    let _in = SandboxCleanup::new("c21-in");
+    let _rcp = SandboxCleanup::new("c21-rcp");
     let _det = SandboxCleanup::new("c21-det");
     let c = Containerd::start_version("c21", "2.1");
     short_set(&c, "2.1.9", "c21");
+}
+
+/// containerd 2.3.7, the LTS series (`go install` from the Go module proxy): it writes
+/// `BootstrapParams` on the shim's stdin at `start`.
+#[test]
+fn containerd_2_3() {
+    let _run = SandboxCleanup::new("c23-run");
+    let _in = SandboxCleanup::new("c23-in");
+    let _rcp = SandboxCleanup::new("c23-rcp");
+    let _det = SandboxCleanup::new("c23-det");
+    let c = Containerd::start_version("c23", "2.3");
+    short_set(&c, "2.3.7", "c23");
+}
+
+/// containerd 2.4.2 (`go install` from the Go module proxy).
+#[test]
+fn containerd_2_4() {
+    let _run = SandboxCleanup::new("c24-run");
+    let _in = SandboxCleanup::new("c24-in");
+    let _rcp = SandboxCleanup::new("c24-rcp");
+    let _det = SandboxCleanup::new("c24-det");
+    let c = Containerd::start_version("c24", "2.4");
+    short_set(&c, "2.4.2", "c24");
 }
 
 /// A Kubernetes pod through containerd `version`'s CRI (RuntimeClass handler `kata`): its
@@ -228,4 +323,14 @@ fn containerd_1_7_cri_pod() {
 #[test]
 fn containerd_2_1_cri_pod() {
     cri_short_set("2.1", "c21");
+}
+
+#[test]
+fn containerd_2_3_cri_pod() {
+    cri_short_set("2.3", "c23");
+}
+
+#[test]
+fn containerd_2_4_cri_pod() {
+    cri_short_set("2.4", "c24");
 }

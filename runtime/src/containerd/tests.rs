@@ -51,6 +51,23 @@ fn the_v3_deploy_snippet_uses_the_containerd_2_plugin() {
     assert!(!SNIPPET_V3.contains("grpc.v1.cri"));
 }
 
+/// containerd 2.3 and later write configuration version 4 (their listeners became
+/// plugins); the CRI's runtime tables are those of version 3, so the 2.x snippet serves both.
+#[test]
+fn the_v3_deploy_snippet_serves_configuration_version_4() {
+    let doc = parse(&format!("version = 4\n{SNIPPET_V3}"));
+    assert_eq!(config_version(&doc), 4);
+    let names: Vec<String> = kata_runtimes(&doc).into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["kata", "kata-builtin"]);
+    let mut c = containerd("2.3.7", Ok(Vec::new()));
+    assert_eq!(c.snippet(), SNIPPET_V3);
+    c.version = Err("containerd is not in PATH".into());
+    c.config_version = Some(4);
+    assert_eq!(c.snippet(), SNIPPET_V3);
+    c.config_version = Some(2);
+    assert_eq!(c.snippet(), SNIPPET_V2);
+}
+
 #[test]
 fn runc_only_and_other_runtime_types_are_not_kata() {
     let doc = parse(

@@ -225,7 +225,8 @@ impl CriContainerd {
         Self::start_configured(name, handler, &RuntimeConfig::qemu())
     }
 
-    /// The same on containerd `version` ("1.7", "2.1": see [`Containerd::start_version`]).
+    /// The same on containerd `version` ("1.7", "2.1", "2.3", "2.4": see
+    /// [`Containerd::start_version`]).
     pub fn start_version(name: &str, handler: Handler, version: &str) -> Self {
         let bin = crate::containerd_bin_dir(version);
         Self::start_in(
@@ -242,8 +243,10 @@ impl CriContainerd {
         Self::start_in(name, handler, config, None, false)
     }
 
-    /// `bin_dir`: another containerd's binaries; `v3`: it reads configuration version 3
-    /// (containerd 2.x), whose CRI is split into plugins of their own.
+    /// `bin_dir`: another containerd's binaries; `v3`: it reads configuration version 3 or
+    /// later (containerd 2.x), whose CRI is split into plugins of their own. The kata
+    /// runtimes are the deploy snippet the README has users append for that version
+    /// ([`kata_snippet`]).
     fn start_in(
         name: &str,
         handler: Handler,
@@ -261,9 +264,16 @@ impl CriContainerd {
             network.conflist(&dir.join("cni/ipam")),
         )
         .expect("writing the CNI configuration");
+        let snippet = dir.join("kata-containerd.toml");
+        std::fs::write(&snippet, kata_snippet(v3, &Containerd::conf_file_in(&dir)))
+            .expect("writing the kata runtimes snippet");
         let script_env = vec![
             ("CONTAINERD_ENABLE_CRI".to_string(), "1".to_string()),
             ("CONTAINERD_EXTRA_TOML".to_string(), cri_plugin_toml(v3)),
+            (
+                "CONTAINERD_KATA_SNIPPET".to_string(),
+                snippet.display().to_string(),
+            ),
             (
                 "CONTAINERD_CNI_CONF_DIR".to_string(),
                 conf_dir.display().to_string(),
@@ -318,9 +328,14 @@ impl CriContainerd {
             self.cri.list_images(),
             self.log_tail()
         );
+        // The two conditions kubelet requires; containerd 2.2+ adds others that it ignores
+        // (ContainerdHasNoDeprecationWarnings, false on this host's cgroup v1).
         let ready = poll(Duration::from_secs(20), Duration::from_millis(100), || {
             let status = self.cri.status().ok()?.status?;
-            status.conditions.iter().all(|c| c.status).then_some(())
+            ["RuntimeReady", "NetworkReady"]
+                .iter()
+                .all(|t| status.conditions.iter().any(|c| c.r#type == *t && c.status))
+                .then_some(())
         });
         assert!(
             ready.is_some(),
@@ -766,6 +781,33 @@ impl Drop for CriContainerd {
     }
 }
 
+/// The kata runtimes for containerd's configuration: the deploy snippet that the README
+/// has users append (`deploy/containerd/`: `kata-containerd-1.x.toml` for configuration
+/// version 2, containerd 1.x; `kata-containerd-2.x.toml` for versions 3 and 4, containerd
+/// 2.x), as it is but for the `kata` runtime's `ConfigPath`, which names the test's runtime
+/// configuration `conf` instead of the installed default.
+pub(crate) fn kata_snippet(v3: bool, conf: &Path) -> String {
+    const SHIPPED: &str = "/usr/share/defaults/kata-containers/configuration.toml";
+    let snippet = if v3 {
+        include_str!("../../../deploy/containerd/kata-containerd-2.x.toml")
+    } else {
+        include_str!("../../../deploy/containerd/kata-containerd-1.x.toml")
+    };
+    let line = format!("  ConfigPath = {}", crate::toml_str(SHIPPED));
+    assert_eq!(
+        snippet.matches(&line).count(),
+        1,
+        "the deploy snippet no longer has `{line}` once (the kata runtime's ConfigPath)"
+    );
+    snippet.replace(
+        &line,
+        &format!(
+            "  ConfigPath = {}",
+            crate::toml_str(&conf.display().to_string())
+        ),
+    )
+}
+
 /// The CRI plugin's own table (containerd 1.x, config version 2), appended to the
 /// configuration `containerd-private.sh` writes (which then has no such table: it writes one
 /// only for `CONTAINERD_SANDBOX_IMAGE`, left unset). The sandbox image is our pause image.
@@ -1107,5 +1149,37 @@ pub fn wait_http(
             return Err(last);
         }
         std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kata_snippet_is_the_deploy_file_with_the_tests_config_path() {
+        let conf = Path::new("/tmp/kata-e2e-x/configuration.toml");
+        for (v3, plugin) in [
+            (false, "io.containerd.grpc.v1.cri"),
+            (true, "io.containerd.cri.v1.runtime"),
+        ] {
+            let text = kata_snippet(v3, conf);
+            assert!(
+                text.contains(&format!(
+                    "[plugins.\"{plugin}\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n  privileged_without_host_devices = true\n"
+                )),
+                "{text}"
+            );
+            assert!(
+                text.contains("  ConfigPath = \"/tmp/kata-e2e-x/configuration.toml\"\n"),
+                "{text}"
+            );
+            assert!(
+                !text.contains("kata-containers/configuration.toml\""),
+                "{text}"
+            );
+            // kata-builtin keeps its installed file: the tests never run it.
+            assert!(text.contains("configuration-builtin.toml"), "{text}");
+        }
     }
 }
