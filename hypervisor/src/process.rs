@@ -31,7 +31,7 @@ const TAIL_BYTES: u64 = 2048;
 const TAIL_LINES: usize = 15;
 
 /// A program to run in the background with stdout and stderr going to a log file.
-pub(crate) struct Daemon<'a> {
+pub struct Daemon<'a> {
     /// Names the step in errors, e.g. `virtiofsd`.
     pub step: &'static str,
     pub program: &'a Path,
@@ -44,7 +44,7 @@ pub(crate) struct Daemon<'a> {
 
 /// Where a daemon starts, set up in the child between fork and exec.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Place {
+pub struct Place {
     /// The file of each hierarchy's cgroup that moves the writer in when "0" is written
     /// to it (see [`join_file`]).
     cgroup_joins: Vec<Arc<File>>,
@@ -113,7 +113,8 @@ impl Place {
 }
 
 /// The file through which a freshly forked child joins the cgroup `dir`: on a cgroup v1
-/// hierarchy its `tasks`, on cgroup v2 its `cgroup.procs`.
+/// hierarchy its `tasks`, on cgroup v2 (which has no `tasks`) its `cgroup.procs`; there
+/// `dir` must be a leaf, with no controller enabled for children of its own.
 ///
 /// Both move the writer when "0" is written; the forked child has one thread, so moving
 /// that thread moves the process. The difference is the cost: a write to v1's
@@ -123,7 +124,7 @@ impl Place {
 /// start), while moving the current thread through `tasks` needs no such lock (0.07 ms).
 /// cgroup v2 has no `tasks`; there the host's `favordynmods` mount option or
 /// `CLONE_INTO_CGROUP` would avoid the wait.
-fn join_file(dir: &Path) -> PathBuf {
+pub fn join_file(dir: &Path) -> PathBuf {
     let tasks = dir.join("tasks");
     if tasks.exists() {
         tasks
@@ -648,6 +649,27 @@ mod tests {
             .filter(|l| l.ends_with(&format!(":/{name}")))
             .collect();
         assert_eq!(lines.len(), cgroups.0.len(), "/proc/{pid}/cgroup:\n{own}");
+    }
+
+    #[test]
+    fn children_join_through_tasks_on_v1_and_cgroup_procs_on_v2() {
+        let tree = tempfile::tempdir().unwrap();
+        let v1 = tree.path().join("v1/pod");
+        let v2 = tree.path().join("v2/pod");
+        for (dir, files) in [
+            (&v1, &["tasks", "cgroup.procs", "notify_on_release"][..]),
+            (
+                &v2,
+                &["cgroup.procs", "cgroup.controllers", "cgroup.threads"][..],
+            ),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+            for f in files {
+                std::fs::write(dir.join(f), "").unwrap();
+            }
+        }
+        assert_eq!(join_file(&v1), v1.join("tasks"));
+        assert_eq!(join_file(&v2), v2.join("cgroup.procs"));
     }
 
     #[test]

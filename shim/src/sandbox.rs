@@ -73,6 +73,8 @@ pub struct Sandbox {
     watchdog: Mutex<Option<JoinHandle<()>>>,
     /// The host end of port-forward, for pods with a network namespace.
     port_forward: Mutex<Option<PortForward>>,
+    /// The pod's host cgroup the VMM and helpers run in (none without `cgroupsPath`).
+    host_cgroup: cgroup::HostCgroup,
     log: Logger,
     debug: bool,
 }
@@ -81,6 +83,7 @@ pub struct Sandbox {
 struct Progress {
     state: SandboxState,
     vm: Option<Box<dyn Hypervisor>>,
+    host_cgroup: cgroup::HostCgroup,
 }
 
 impl Progress {
@@ -178,6 +181,7 @@ impl Sandbox {
                 ..Default::default()
             },
             vm: None,
+            host_cgroup: cgroup::HostCgroup::default(),
         };
         let booted =
             Self::create_steps(id, cfg, spec, log, &shared, &run_dir, &mut progress, t0).await;
@@ -205,6 +209,7 @@ impl Sandbox {
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
+            host_cgroup: progress.host_cgroup,
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
@@ -233,10 +238,10 @@ impl Sandbox {
         mkdir(run_dir)?;
         progress.state.save().map_err(SandboxError::Persist)?;
 
-        let mut host_cgroup = cgroup::HostCgroup::default();
         if let Some(path) = &spec.cgroups_path {
-            host_cgroup = cgroup::create(path)?;
+            let host_cgroup = cgroup::create(path)?;
             progress.state.cgroups = host_cgroup.created.clone();
+            progress.host_cgroup = host_cgroup;
             progress.state.save().map_err(SandboxError::Persist)?;
         }
         let mut pod_network = None;
@@ -260,7 +265,7 @@ impl Sandbox {
                 .as_ref()
                 .map(PodNetwork::nics)
                 .unwrap_or_default(),
-            cgroup: host_cgroup.dirs,
+            cgroup: progress.host_cgroup.dirs.clone(),
         };
         let started = vm.start_vm(&vm_cfg).await;
         // Kept even when the start failed: undo stops whatever it had started.
@@ -334,6 +339,7 @@ impl Sandbox {
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
+            host_cgroup: cgroup::HostCgroup::default(),
             log: hypervisor::discard_logger(),
             debug: false,
         })
@@ -456,6 +462,15 @@ impl Sandbox {
         }
         // Ends the long polls still pending (OOM events, relays of unwaited processes).
         self.agent.disconnect("the sandbox was destroyed");
+        // What the VM cost the host, while its processes still count.
+        let figures = crate::stats::host_figures(&self.host_cgroup);
+        if let (Some(f), Some(dir)) = (figures, self.host_cgroup.dirs.first()) {
+            info!(self.log, "the sandbox's host cgroup at teardown";
+                "cgroup" => dir.display(),
+                "cpu_usage_usec" => f.cpu_usage_usec, "memory_usage_bytes" => f.memory_usage,
+                "memory_limit_bytes" => f.memory_usage_limit, "pids" => f.pids_current,
+                "oom_kills" => f.memory_events_oom_kill);
+        }
         self.stop_vm().await;
         if self.debug {
             if let Some(log) = &self.console_log {
