@@ -6,6 +6,11 @@
 
 use serde::Deserialize;
 
+/// The guest's own memory beside a pod's limit, in MiB (`pod_memory_overhead`): what a
+/// guest of ours takes with no container running (kernel, agent, page tables), measured,
+/// plus room for the page cache of the shares (bench/README.md, "Pod sizing").
+pub const POD_MEMORY_OVERHEAD_MIB: u32 = 96;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct File {
@@ -31,6 +36,10 @@ pub(crate) struct BuiltinSection {
     pub kernel_params: String,
     pub default_vcpus: u32,
     pub default_memory: u32,
+    pub default_maxvcpus: u32,
+    pub default_maxmemory: u32,
+    pub pod_vcpus_overhead: u32,
+    pub pod_memory_overhead: u32,
     pub virtio_fs_daemon: String,
     pub virtio_fs_cache: String,
     pub virtio_fs_rootfs_cache: String,
@@ -45,6 +54,10 @@ impl Default for BuiltinSection {
             kernel_params: String::new(),
             default_vcpus: 1,
             default_memory: 512,
+            default_maxvcpus: 0,
+            default_maxmemory: 0,
+            pod_vcpus_overhead: 0,
+            pod_memory_overhead: POD_MEMORY_OVERHEAD_MIB,
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),
             virtio_fs_rootfs_cache: "always".into(),
@@ -61,6 +74,10 @@ pub(crate) struct QemuSection {
     pub kernel_params: String,
     pub default_vcpus: u32,
     pub default_memory: u32,
+    pub default_maxvcpus: u32,
+    pub default_maxmemory: u32,
+    pub pod_vcpus_overhead: u32,
+    pub pod_memory_overhead: u32,
     pub shared_fs: String,
     pub virtio_fs_daemon: String,
     pub virtio_fs_cache: String,
@@ -78,6 +95,10 @@ impl Default for QemuSection {
             kernel_params: String::new(),
             default_vcpus: 1,
             default_memory: 512,
+            default_maxvcpus: 0,
+            default_maxmemory: 0,
+            pod_vcpus_overhead: 0,
+            pod_memory_overhead: POD_MEMORY_OVERHEAD_MIB,
             shared_fs: "virtio-fs".into(),
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),

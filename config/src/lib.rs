@@ -20,9 +20,10 @@ use std::path::Path;
 
 pub use choice::{Accelerator, Choice, HypervisorName, SharedFs, VirtioFsCache};
 pub use error::Error;
+pub use file::POD_MEMORY_OVERHEAD_MIB;
 pub use lookup::{find_config_file, CONF_FILE_ENV, DEFAULT_CONF_FILE, ETC_CONF_FILE};
 pub use model::{
-    AgentConfig, BuiltinConfig, Config, HypervisorConfig, KataAgentConfig, QemuConfig,
+    AgentConfig, BuiltinConfig, Config, HypervisorConfig, KataAgentConfig, PodSizing, QemuConfig,
     RuntimeConfig, MAX_BUILTIN_VCPUS, MAX_VCPUS, MIN_MEMORY_MIB,
 };
 

@@ -54,6 +54,8 @@ pub struct BuiltinConfig {
     pub default_vcpus: u32,
     /// Memory per VM in MiB, at least [`MIN_MEMORY_MIB`].
     pub default_memory: u32,
+    /// How pods with resource limits are sized.
+    pub sizing: PodSizing,
     /// The virtiofsd binary (kata-vmm's virtio-fs is a vhost-user frontend to it).
     pub virtio_fs_daemon: PathBuf,
     /// virtiofsd's `--cache` policy for volumes (and for container root filesystems
@@ -81,6 +83,8 @@ pub struct QemuConfig {
     pub default_vcpus: u32,
     /// Memory per VM in MiB, at least [`MIN_MEMORY_MIB`].
     pub default_memory: u32,
+    /// How pods with resource limits are sized.
+    pub sizing: PodSizing,
     /// How files are shared with the guest.
     pub shared_fs: SharedFs,
     /// The virtiofsd binary.
@@ -97,6 +101,23 @@ pub struct QemuConfig {
     pub vsock_backend: PathBuf,
     /// kvm, tcg or auto.
     pub accelerator: Accelerator,
+}
+
+/// How a pod's VM is sized from the pod's resource limits (static sizing: the VM cannot
+/// grow after boot): vCPUs = ceil(CPU quota / period) + `vcpus_overhead`, memory = the
+/// memory limit + `memory_overhead`, plus the guest kernel's page descriptors (1/64 of
+/// the guest's memory). A pod without a limit gets `default_vcpus` / `default_memory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodSizing {
+    /// Most vCPUs a sandbox may get (`default_maxvcpus`); 0: the host's CPUs.
+    pub max_vcpus: u32,
+    /// Most memory a sandbox may get, MiB (`default_maxmemory`); 0: the host's memory.
+    pub max_memory: u32,
+    /// vCPUs added to a CPU-limited pod's (`pod_vcpus_overhead`).
+    pub vcpus_overhead: u32,
+    /// MiB added to a memory-limited pod's limit: the guest's own need
+    /// (`pod_memory_overhead`).
+    pub memory_overhead: u32,
 }
 
 /// `[agent.*]`.
@@ -169,6 +190,8 @@ struct VmShapeKeys {
     vcpus: &'static str,
     memory: &'static str,
     kernel_params: &'static str,
+    max_vcpus: &'static str,
+    max_memory: &'static str,
 }
 
 /// The checks every hypervisor section shares: vCPUs in 1..=`max_vcpus`, enough memory,
@@ -178,6 +201,7 @@ fn check_vm_shape(
     keys: VmShapeKeys,
     (vcpus, max_vcpus): (u32, u32),
     memory_mib: u32,
+    sizing: &PodSizing,
     kernel_params: &str,
 ) -> Result<(), Error> {
     if vcpus == 0 || vcpus > max_vcpus {
@@ -194,6 +218,28 @@ fn check_vm_shape(
             keys.memory,
             memory_mib,
             &format!("expected at least {MIN_MEMORY_MIB} (MiB)"),
+        ));
+    }
+    if sizing.max_vcpus > max_vcpus || (sizing.max_vcpus != 0 && sizing.max_vcpus < vcpus) {
+        return Err(invalid(
+            origin,
+            keys.max_vcpus,
+            sizing.max_vcpus,
+            &format!(
+                "expected 0 (the host's CPUs) or a number of vCPUs from {vcpus} ({}) to {max_vcpus}",
+                keys.vcpus
+            ),
+        ));
+    }
+    if sizing.max_memory != 0 && sizing.max_memory < memory_mib {
+        return Err(invalid(
+            origin,
+            keys.max_memory,
+            sizing.max_memory,
+            &format!(
+                "expected 0 (the host's memory) or at least {memory_mib} (MiB, {})",
+                keys.memory
+            ),
         ));
     }
     if kernel_params.contains(['\n', '\r', '\0']) {
@@ -213,12 +259,21 @@ impl QemuConfig {
             vcpus: "hypervisor.qemu.default_vcpus",
             memory: "hypervisor.qemu.default_memory",
             kernel_params: "hypervisor.qemu.kernel_params",
+            max_vcpus: "hypervisor.qemu.default_maxvcpus",
+            max_memory: "hypervisor.qemu.default_maxmemory",
+        };
+        let sizing = PodSizing {
+            max_vcpus: s.default_maxvcpus,
+            max_memory: s.default_maxmemory,
+            vcpus_overhead: s.pod_vcpus_overhead,
+            memory_overhead: s.pod_memory_overhead,
         };
         check_vm_shape(
             origin,
             keys,
             (s.default_vcpus, MAX_VCPUS),
             s.default_memory,
+            &sizing,
             &s.kernel_params,
         )?;
         Ok(Self {
@@ -228,6 +283,7 @@ impl QemuConfig {
             kernel_params: s.kernel_params,
             default_vcpus: s.default_vcpus,
             default_memory: s.default_memory,
+            sizing,
             shared_fs: SharedFs::parse(origin, "hypervisor.qemu.shared_fs", &s.shared_fs)?,
             virtio_fs_daemon: absolute(
                 origin,
@@ -275,12 +331,21 @@ impl BuiltinConfig {
             vcpus: "hypervisor.builtin.default_vcpus",
             memory: "hypervisor.builtin.default_memory",
             kernel_params: "hypervisor.builtin.kernel_params",
+            max_vcpus: "hypervisor.builtin.default_maxvcpus",
+            max_memory: "hypervisor.builtin.default_maxmemory",
+        };
+        let sizing = PodSizing {
+            max_vcpus: s.default_maxvcpus,
+            max_memory: s.default_maxmemory,
+            vcpus_overhead: s.pod_vcpus_overhead,
+            memory_overhead: s.pod_memory_overhead,
         };
         check_vm_shape(
             origin,
             keys,
             (s.default_vcpus, MAX_BUILTIN_VCPUS),
             s.default_memory,
+            &sizing,
             &s.kernel_params,
         )?;
         Ok(Self {
@@ -290,6 +355,7 @@ impl BuiltinConfig {
             kernel_params: s.kernel_params,
             default_vcpus: s.default_vcpus,
             default_memory: s.default_memory,
+            sizing,
             virtio_fs_daemon: absolute(
                 origin,
                 "hypervisor.builtin.virtio_fs_daemon",

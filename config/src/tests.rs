@@ -401,3 +401,34 @@ fn debug_console_is_off_unless_set_to_a_boolean() {
     assert!(err("[runtime]\ndebug_console_enabled = true\n")
         .contains("unknown field `debug_console_enabled`"));
 }
+
+#[test]
+fn pod_sizing_defaults_and_caps() {
+    let c = parse("").unwrap();
+    let want = PodSizing {
+        max_vcpus: 0,
+        max_memory: 0,
+        vcpus_overhead: 0,
+        memory_overhead: POD_MEMORY_OVERHEAD_MIB,
+    };
+    assert_eq!(c.hypervisor.qemu.sizing, want);
+    assert_eq!(c.hypervisor.builtin.sizing, want);
+    let c = parse("[hypervisor.qemu]\ndefault_maxvcpus = 4\ndefault_maxmemory = 8192\npod_memory_overhead = 128\n").unwrap();
+    assert_eq!(
+        (
+            c.hypervisor.qemu.sizing.max_vcpus,
+            c.hypervisor.qemu.sizing.max_memory
+        ),
+        (4, 8192)
+    );
+    assert_eq!(c.hypervisor.qemu.sizing.memory_overhead, 128);
+    // A cap below the default size, or past what the VMM can take, is refused.
+    let e = err("[hypervisor.qemu]\ndefault_vcpus = 2\ndefault_maxvcpus = 1\n");
+    assert!(e.contains("hypervisor.qemu.default_maxvcpus = 1"), "{e}");
+    assert!(err("[hypervisor.builtin]\ndefault_maxvcpus = 33\n").contains("to 32"));
+    let e = err("[hypervisor.qemu]\ndefault_maxmemory = 256\n");
+    assert!(
+        e.contains("hypervisor.qemu.default_maxmemory = 256") && e.contains("at least 512"),
+        "{e}"
+    );
+}

@@ -151,6 +151,19 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
         ("hypervisor.qemu.kernel_params", word(&q.kernel_params)),
         ("hypervisor.qemu.default_vcpus", int(q.default_vcpus)),
         ("hypervisor.qemu.default_memory", int(q.default_memory)),
+        ("hypervisor.qemu.default_maxvcpus", int(q.sizing.max_vcpus)),
+        (
+            "hypervisor.qemu.default_maxmemory",
+            int(q.sizing.max_memory),
+        ),
+        (
+            "hypervisor.qemu.pod_vcpus_overhead",
+            int(q.sizing.vcpus_overhead),
+        ),
+        (
+            "hypervisor.qemu.pod_memory_overhead",
+            int(q.sizing.memory_overhead),
+        ),
         ("hypervisor.qemu.shared_fs", word(q.shared_fs.as_str())),
         (
             "hypervisor.qemu.virtio_fs_daemon",
@@ -172,6 +185,22 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
         ("hypervisor.builtin.kernel_params", word(&b.kernel_params)),
         ("hypervisor.builtin.default_vcpus", int(b.default_vcpus)),
         ("hypervisor.builtin.default_memory", int(b.default_memory)),
+        (
+            "hypervisor.builtin.default_maxvcpus",
+            int(b.sizing.max_vcpus),
+        ),
+        (
+            "hypervisor.builtin.default_maxmemory",
+            int(b.sizing.max_memory),
+        ),
+        (
+            "hypervisor.builtin.pod_vcpus_overhead",
+            int(b.sizing.vcpus_overhead),
+        ),
+        (
+            "hypervisor.builtin.pod_memory_overhead",
+            int(b.sizing.memory_overhead),
+        ),
         (
             "hypervisor.builtin.virtio_fs_daemon",
             path(&b.virtio_fs_daemon),

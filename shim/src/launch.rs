@@ -19,6 +19,9 @@ pub enum LaunchError {
     /// The configuration is wrong: the user must fix a file or an option.
     #[error("{0}")]
     Config(#[from] OptionsError),
+    /// The pod's resources cannot be met or read.
+    #[error(transparent)]
+    Size(#[from] crate::sizing::SizingError),
     /// The VM did not come up.
     #[error(transparent)]
     Boot(#[from] SandboxError),
@@ -54,6 +57,9 @@ impl Launcher for VmLauncher {
         let cfg = options::load_config(options, crate::start::start_config_path())?;
         self.debug.set(cfg.runtime.enable_debug);
         slog::info!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
+        let (cfg, size) = crate::sizing::apply(cfg, &spec.resources)?;
+        slog::info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
+            "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);
         Ok(Sandbox::create(id, &cfg, spec, log).await?)
     }
 }

@@ -18,6 +18,7 @@ mod options;
 mod persist;
 mod sandbox;
 mod service;
+mod sizing;
 mod spec;
 mod start;
 mod stats;

@@ -74,6 +74,8 @@ pub struct SandboxSpec {
     pub pod: bool,
     /// The spec joins the host's network namespace (no `network` namespace entry).
     pub host_network: bool,
+    /// The pod's resources, as containerd's CRI annotates them (see `sizing`).
+    pub resources: crate::sizing::PodResources,
 }
 
 /// Reads the sandbox-wide parts of the sandbox container's spec.
@@ -109,6 +111,7 @@ pub fn sandbox_spec(spec: &Value) -> SandboxSpec {
             .map(str::to_string),
         pod,
         host_network: network.is_none(),
+        resources: crate::sizing::PodResources::of_spec(spec),
     }
 }
 
@@ -331,7 +334,8 @@ mod tests {
     fn the_sandbox_spec_names_netns_hostname_and_cgroup() {
         let spec = json!({
             "hostname": "web-1",
-            "annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+            "annotations": {"io.kubernetes.cri.container-type": "sandbox",
+                            "io.kubernetes.cri.sandbox-memory": "1610612736"},
             "linux": {
                 "cgroupsPath": "/kubepods/pod1/sb",
                 "namespaces": [{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]
@@ -345,6 +349,10 @@ mod tests {
                 cgroups_path: Some("/kubepods/pod1/sb".into()),
                 pod: true,
                 host_network: false,
+                resources: crate::sizing::PodResources {
+                    memory: Some("1610612736".into()),
+                    ..Default::default()
+                },
             }
         );
         // ctr run: a new network namespace without a path; ctr run --net-host: none.

@@ -83,24 +83,6 @@ fn wget_from(c: &CriContainerd, id: &str, url: &str) -> Result<String, String> {
     }
 }
 
-/// The shims of this containerd still running (each names the containerd socket).
-fn shims_left(c: &CriContainerd) -> Vec<String> {
-    let socket = c.containerd().socket.display().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter_map(|pid| {
-            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-            (cmdline.contains("containerd-shim") && cmdline.contains(&socket))
-                .then(|| format!("{pid}: {cmdline}"))
-        })
-        .collect()
-}
-
 fn containers_of_a_pod_share_localhost_and_an_empty_dir(h: Handler) {
     let c = &cri("shared", h);
     let pod = c.run_pod(c.pod_config("shared"));
@@ -310,13 +292,13 @@ fn pod_sysctls_apply_and_node_wide_ones_are_refused(h: Handler) {
         "the refused pod is still listed: {pods:?}"
     );
     let shims = poll(Duration::from_secs(15), Duration::from_millis(200), || {
-        let left = shims_left(&c);
+        let left = c.shims_left();
         left.is_empty().then_some(())
     });
     assert!(
         shims.is_some(),
         "shims left after the refusal: {:?}",
-        shims_left(&c)
+        c.shims_left()
     );
 }
 
@@ -738,9 +720,9 @@ fn stopping_and_removing_a_running_pod_leaves_nothing(h: Handler) {
     );
     c.assert_pod_removed_cleanly(&pod);
     let shims = poll(Duration::from_secs(15), Duration::from_millis(200), || {
-        shims_left(&c).is_empty().then_some(())
+        c.shims_left().is_empty().then_some(())
     });
-    assert!(shims.is_some(), "shims left: {:?}", shims_left(&c));
+    assert!(shims.is_some(), "shims left: {:?}", c.shims_left());
     assert!(
         volume.exists(),
         "the pod's removal took the host's volume dir with it"
@@ -858,9 +840,9 @@ fn kata_refuses_a_host_network_pod_saying_why() {
     assert!(e.contains("hostNetwork"), "{e}");
     assert!(e.contains("runc") || e.contains("RuntimeClass"), "{e}");
     assert!(
-        shims_left(&c).is_empty(),
+        c.shims_left().is_empty(),
         "shims left: {:?}",
-        shims_left(&c)
+        c.shims_left()
     );
 }
 

@@ -150,6 +150,10 @@ impl Inner {
             .await
             .map_err(|e| match e {
                 LaunchError::Config(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
+                LaunchError::Size(e) => status(
+                    Code::INVALID_ARGUMENT,
+                    format!("sizing VM sandbox {}: {e}", self.sandbox_id),
+                ),
                 LaunchError::Boot(e) => status(
                     Code::UNKNOWN,
                     format!("creating VM sandbox {}: {e}", self.sandbox_id),

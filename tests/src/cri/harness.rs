@@ -587,6 +587,24 @@ impl CriContainerd {
         }
     }
 
+    /// The live shim processes of this instance (their pid and command line).
+    pub fn shims_left(&self) -> Vec<String> {
+        let socket = self.containerd().socket.display().to_string();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|&pid| alive(pid))
+            .filter_map(|pid| {
+                let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+                (cmdline.contains("containerd-shim") && cmdline.contains(&socket))
+                    .then(|| format!("{pid}: {cmdline}"))
+            })
+            .collect()
+    }
+
     /// The lines of container `id`'s CRI log file so far.
     pub fn container_log(&self, id: &str) -> Vec<LogLine> {
         let status = self
