@@ -11,6 +11,12 @@ fn config(dir: &Path) -> BuiltinConfig {
         kernel_params: "agent.log=debug".into(),
         default_vcpus: 1,
         default_memory: 128,
+        sizing: kata_config::PodSizing {
+            max_vcpus: 0,
+            max_memory: 0,
+            vcpus_overhead: 0,
+            memory_overhead: kata_config::POD_MEMORY_OVERHEAD_MIB,
+        },
         virtio_fs_daemon: std::env::var_os("KATA_VIRTIOFSD")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd")),
