@@ -29,6 +29,11 @@ pub struct Container {
     pub seccomp: Option<crate::spec::Seccomp>,
     /// The container's own devpts instance (see `devpts`), where its terminals live.
     pub devpts: Option<PathBuf>,
+    /// Whether the container shares another's PID namespace (a pod's, or the guest's).
+    shared_pid_ns: bool,
+    /// Then the mount namespace of its init process, if it has one of its own: with its
+    /// cgroup, how [`Container::end_orphans`] finds what the init process leaves running.
+    own_mnt_ns: Option<NsId>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pending: Mutex<Option<PendingStart>>,
 }
@@ -46,6 +51,8 @@ impl Container {
             cgroup,
             seccomp: None,
             devpts: None,
+            shared_pid_ns: false,
+            own_mnt_ns: None,
             execs: Mutex::new(HashMap::new()),
             pending: Mutex::new(Some(pending)),
         }
@@ -61,6 +68,54 @@ impl Container {
     pub fn with_devpts(mut self, devpts: Option<PathBuf>) -> Container {
         self.devpts = devpts;
         self
+    }
+
+    /// Marks the container as sharing another's PID namespace (`own_pid_ns` false): its
+    /// init process's mount namespace is noted for [`Container::end_orphans`].
+    pub fn with_pid_namespace(mut self, own_pid_ns: bool) -> Container {
+        self.shared_pid_ns = !own_pid_ns;
+        if !own_pid_ns {
+            let mnt = NsId::of(self.init.pid, "mnt");
+            // The agent's own mount namespace is no container's.
+            if mnt != NsId::of(std::process::id() as i32, "mnt") {
+                self.own_mnt_ns = mnt;
+            }
+        }
+        self
+    }
+
+    /// Ends the container with its init process, as runc's shim does for a container
+    /// without a PID namespace of its own: SIGKILL to every process left in its cgroup or
+    /// its mount namespace. (With its own PID namespace the kernel does that when the
+    /// init process dies.) Without it, what the init process left running would keep the
+    /// container's output open and the container alive in all but its init process.
+    pub async fn end_orphans(&self, log: &Logger) {
+        if !self.shared_pid_ns {
+            return;
+        }
+        // A few rounds: a process may fork while we look.
+        for _ in 0..10 {
+            let mut pids: Vec<i32> = self
+                .cgroup
+                .as_deref()
+                .and_then(|dir| cgroup::pids(dir).ok())
+                .unwrap_or_default();
+            if let Some(mnt) = self.own_mnt_ns {
+                pids.extend(mnt.members());
+            }
+            pids.retain(|&p| p != self.init.pid && p != std::process::id() as i32);
+            pids.sort_unstable();
+            pids.dedup();
+            if pids.is_empty() {
+                return;
+            }
+            warn!(log, "the container's init process exited; killing what it left running";
+                "container_id" => &self.id, "pids" => ?pids);
+            for pid in pids {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// Where a terminal for a process of this container is opened.
@@ -231,5 +286,33 @@ impl Container {
                 warn!(log, "cannot remove cgroup"; "path" => %dir.display(), "error" => %e);
             }
         }
+    }
+}
+
+/// A namespace's identity: the device and inode of its `/proc/PID/ns/KIND` link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NsId {
+    dev: u64,
+    ino: u64,
+}
+
+impl NsId {
+    fn of(pid: i32, kind: &str) -> Option<NsId> {
+        let st = nix::sys::stat::stat(format!("/proc/{pid}/ns/{kind}").as_str()).ok()?;
+        Some(NsId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
+    }
+
+    /// The live processes in this mount namespace (zombies have none).
+    fn members(self) -> Vec<i32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| NsId::of(pid, "mnt") == Some(self))
+            .collect()
     }
 }

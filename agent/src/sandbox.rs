@@ -155,6 +155,12 @@ impl Sandbox {
         }
         let mut spec = Spec::from_json(spec_json)?;
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
+        // A "pid" entry without a path: a new PID namespace, the container's own.
+        let own_pid_ns = spec.linux.as_ref().is_some_and(|l| {
+            l.namespaces
+                .iter()
+                .any(|n| n.typ == "pid" && n.path.as_deref().unwrap_or("").is_empty())
+        });
         let devpts = self.own_devpts(id, &mut spec);
         let tty_dir = devpts.clone().unwrap_or_else(|| PathBuf::from("/dev/pts"));
         let terminal = spec
@@ -206,7 +212,8 @@ impl Sandbox {
         let container = Arc::new(
             Container::new(id, launched.process, cgroup, pending)
                 .with_seccomp(seccomp)
-                .with_devpts(devpts),
+                .with_devpts(devpts)
+                .with_pid_namespace(own_pid_ns),
         );
         if pod_sandbox {
             if let Err(e) = self.pod_ns.pin(container.init.pid) {
@@ -326,6 +333,12 @@ impl Sandbox {
 
     pub async fn wait_process(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
         let status = self.process(id, exec_id).await?.wait().await;
+        if exec_id.is_empty() {
+            // Before the host learns of the exit: the container ends with its init.
+            if let Ok(container) = self.container(id).await {
+                container.end_orphans(&self.log).await;
+            }
+        }
         // An OOM kill is queued before the exit it caused is reported.
         self.oom.check(id);
         Ok(status)

@@ -351,3 +351,77 @@ async fn quarter_gigabyte_of_stdout() {
     assert!(out.iter().all(|b| *b == 0));
     agent.remove("h").await.expect("remove");
 }
+
+/// A container that shares another's PID namespace (a pod container without one of its
+/// own) ends with its init process, as under runc's shim: what the init process left
+/// running is killed before WaitProcess answers, so the container's output closes. (With
+/// a PID namespace of its own, the kernel does that.) critest's web server specs stopped
+/// hanging on this: their nginx's worker kept the container's output open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_exit_ends_a_container_that_shares_a_pid_namespace() {
+    let agent = TestAgent::start("sharedpid").await;
+    let holder_root = agent.rootfs("holder");
+    agent
+        .create(
+            "holder",
+            agent.spec(&holder_root, &["sleep", "1000"], &[], "/"),
+            false,
+        )
+        .await
+        .expect("create holder");
+    agent.start_container("holder").await.expect("start holder");
+    let mut list = ContainerRequest::new();
+    list.container_id = "holder".into();
+    let holder_pid = agent
+        .client
+        .list_processes(common::ctx(), &list)
+        .await
+        .expect("list holder")
+        .pids[0];
+
+    // The member joins the holder's PID namespace; its init leaves a sleep behind.
+    let rootfs = agent.rootfs("member");
+    let spec = agent.spec(
+        &rootfs,
+        &[
+            "sh",
+            "-c",
+            "sleep 1000 & echo $! >/tmp/orphan; echo started",
+        ],
+        &[],
+        "/",
+    );
+    let mut spec: serde_json::Value = serde_json::from_slice(&spec).expect("spec json");
+    for ns in spec["linux"]["namespaces"]
+        .as_array_mut()
+        .expect("namespaces")
+    {
+        if ns["type"] == "pid" {
+            ns["path"] = format!("/proc/{holder_pid}/ns/pid").into();
+        }
+    }
+    agent
+        .create("member", serde_json::to_vec(&spec).expect("encode"), false)
+        .await
+        .expect("create member");
+    let out = agent.read_all("member", "", false);
+    agent.start_container("member").await.expect("start member");
+    assert_eq!(agent.wait("member", "").await, 0);
+    // The orphan held the output open; it is gone, so the stream ends.
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), out)
+        .await
+        .expect("the member's output stayed open after its init exited")
+        .expect("stdout task");
+    assert_eq!(out, b"started\n");
+
+    // The holder, whose PID namespace it was, runs on.
+    let pids = agent
+        .client
+        .list_processes(common::ctx(), &list)
+        .await
+        .expect("list holder")
+        .pids;
+    assert!(pids.contains(&holder_pid), "{pids:?}");
+    agent.remove("member").await.expect("remove member");
+    agent.remove("holder").await.expect("remove holder");
+}
