@@ -173,19 +173,8 @@ debian_versions() {
     done
 }
 
-# The go command: GO, else go in PATH, else the usual place of an upstream Go install.
-find_go() {
-    if [ -n "${GO:-}" ]; then
-        command -v -- "$GO" >/dev/null || die "GO=$GO is not a command"
-        echo "$GO"
-    elif command -v go >/dev/null; then
-        command -v go
-    elif [ -x /usr/local/go/bin/go ]; then
-        echo /usr/local/go/bin/go
-    else
-        die "go not found (in PATH or /usr/local/go/bin): containerd ${GO_VERSIONS// /, } are built with \`go install\`, which needs Go (the version their go.mod names, 1.26 or later)"
-    fi
-}
+# shellcheck source=find-go.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/find-go.sh"
 
 # Whether series SERIES is in the cache at Go module version VERSION.
 go_present() { # series version
@@ -211,7 +200,7 @@ go_versions() {
     done
     [ ${#need[@]} -gt 0 ] || return 0
 
-    go_cmd=$(find_go)
+    go_cmd=$(find_go "containerd ${GO_VERSIONS// /, } are built with \`go install\`, which needs Go (the version their go.mod names, 1.26 or later)")
     "$go_cmd" version >/dev/null 2>&1 || die "'$go_cmd version' failed: $("$go_cmd" version 2>&1 | head -n 3)"
     log "building with $("$go_cmd" version) (module cache $("$go_cmd" env GOMODCACHE), build cache $("$go_cmd" env GOCACHE), GOPROXY $("$go_cmd" env GOPROXY))"
     for spec in "${need[@]}"; do

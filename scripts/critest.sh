@@ -92,18 +92,8 @@ done
 
 mkdir -p -- "$CACHE" "$LOG_DIR"
 
-find_go() {
-    if [ -n "${GO:-}" ]; then
-        command -v -- "$GO" >/dev/null || die "GO=$GO is not a command"
-        echo "$GO"
-    elif command -v go >/dev/null; then
-        command -v go
-    elif [ -x /usr/local/go/bin/go ]; then
-        echo /usr/local/go/bin/go
-    else
-        die "go not found (in PATH or /usr/local/go/bin): critest is built with Go"
-    fi
-}
+# shellcheck source=find-go.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/find-go.sh"
 
 # ---- critest, crictl (and ginkgo for --parallel) from the Go module proxy, cached ----
 TOOLS=$CACHE/$CRITEST_VERSION
@@ -113,7 +103,7 @@ build_tools() {
     [ -x "$TOOLS/crictl" ] || need+=(crictl)
     [ "$PARALLEL" -le 1 ] || [ -x "$TOOLS/ginkgo" ] || need+=(ginkgo)
     [ ${#need[@]} -gt 0 ] || return 0
-    go_cmd=$(find_go)
+    go_cmd=$(find_go "critest is built with Go")
     mkdir -p "$TOOLS"
     exec 8>"$CACHE/.lock"
     flock 8 || die "cannot lock $CACHE/.lock"

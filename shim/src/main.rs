@@ -72,7 +72,7 @@ fn run_start(flags: &containerd_shim::Flags) -> ExitCode {
     switch.set(flags.debug);
     let sandbox = start::sandbox_id_of_bundle(&flags.id);
     let logger = log::fifo_logger(Path::new("log"), &sandbox, &switch);
-    match start::start(flags, &input, &logger) {
+    match start::start(flags, &sandbox, &input, &logger) {
         Ok(out) => write_stdout(&out),
         Err(e) => {
             slog::error!(logger, "start failed: {e}"; "container" => &flags.id);

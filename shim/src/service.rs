@@ -19,7 +19,7 @@ use crate::launch::VmLauncher;
 use crate::log::{fifo_logger, DebugSwitch};
 use crate::persist::SandboxState;
 use crate::sandbox::cleanup_host;
-use crate::start::sandbox_id_of_bundle;
+use crate::start::{remove_socket, sandbox_id_of_bundle};
 use crate::task::{IdleProbe, TaskService};
 
 pub struct Service {
@@ -34,17 +34,6 @@ pub struct Service {
     /// Whether the sandbox is gone, once the Task service exists.
     idle: OnceLock<IdleProbe>,
     log: OnceLock<Logger>,
-}
-
-/// Removes the shim socket at `address` (`unix://PATH`); with `only_if_dead`, only when no
-/// daemon answers on it.
-fn remove_socket(address: &str, only_if_dead: bool) {
-    let Some(path) = address.strip_prefix("unix://") else {
-        return;
-    };
-    if !only_if_dead || std::os::unix::net::UnixStream::connect(path).is_err() {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 /// The shim socket of the sandbox whose bundle is the current directory: the bundle's

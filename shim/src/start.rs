@@ -191,18 +191,23 @@ pub fn read_stdin() -> Vec<u8> {
     input
 }
 
-/// The `start` action: the bytes for stdout, or what went wrong.
-pub fn start(flags: &Flags, input: &[u8], log: &Logger) -> Result<Vec<u8>, String> {
+/// The `start` action for the container whose sandbox is `sandbox_id`
+/// ([`sandbox_id_of_bundle`]): the bytes for stdout, or what went wrong.
+pub fn start(
+    flags: &Flags,
+    sandbox_id: &str,
+    input: &[u8],
+    log: &Logger,
+) -> Result<Vec<u8>, String> {
     let params = parse_stdin(input, &flags.id, &flags.namespace);
     if let Some(what) = &params.ignored {
         warn!(log, "start: ignoring stdin: {what}"; "container" => &flags.id);
     }
-    let sandbox_id = sandbox_id_of_bundle(&flags.id);
     let socket_dir = params.socket_dir.as_deref();
     let address = if sandbox_id == flags.id {
         start_daemon(flags, &params, log)?
     } else {
-        join_sandbox(flags, &sandbox_id, socket_dir)?
+        join_sandbox(flags, sandbox_id, socket_dir)?
     };
     info!(log, "start: shim address {address}";
         "container" => &flags.id, "bootstrap" => params.bootstrap);
@@ -269,7 +274,7 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
         }
         Err(e) => {
             daemon.end();
-            remove_socket_file(&address);
+            remove_socket(&address, true);
             for f in ["address", "shim.pid", START_OPTIONS_FILE] {
                 let _ = std::fs::remove_file(f);
             }
@@ -304,11 +309,14 @@ pub fn start_config_path() -> Option<PathBuf> {
     v.get("config_path")?.as_str().map(PathBuf::from)
 }
 
-fn remove_socket_file(address: &str) {
-    if let Some(path) = address.strip_prefix("unix://") {
-        if !answers(address) {
-            let _ = std::fs::remove_file(path);
-        }
+/// Removes the shim socket at `address` (`unix://PATH`); with `only_if_dead`, only when no
+/// daemon answers on it.
+pub fn remove_socket(address: &str, only_if_dead: bool) {
+    let Some(path) = address.strip_prefix("unix://") else {
+        return;
+    };
+    if !only_if_dead || !answers(address) {
+        let _ = std::fs::remove_file(path);
     }
 }
 

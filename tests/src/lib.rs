@@ -408,6 +408,40 @@ pub fn first_word(s: &str) -> String {
     s.split_whitespace().next().unwrap_or("").to_string()
 }
 
+/// `ctr run --rm --runtime-config-path FILE` of container `id`, where FILE is a
+/// configuration whose VM has 256 MiB (the default being 512): checks that the run
+/// succeeded and that the guest got the file's size. `what` names the case in failures.
+pub fn assert_runtime_config_path_used(c: &Containerd, id: &str, what: &str) {
+    let small = c.dir.join("small.toml");
+    let text = RuntimeConfig::qemu()
+        .set("hypervisor.qemu", "default_memory", "256")
+        .render();
+    std::fs::write(&small, text).expect("writing small.toml");
+    let small = small.display().to_string();
+    let out = c.run(
+        id,
+        &["--rm", "--runtime-config-path", &small],
+        &["grep", "MemTotal", "/proc/meminfo"],
+    );
+    assert!(
+        out.status.success(),
+        "{what}: ctr run --runtime-config-path {small}: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    let kib: u64 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        kib > 0 && kib < 300 * 1024,
+        "{what}: the guest has {kib} KiB ({:?}): default_memory = 256 of the runtime \
+         options' ConfigPath was not used",
+        stdout(&out)
+    );
+}
+
 /// A direct client of the shim's Task API for container `id`, for the calls ctr 1.6
 /// cannot make (Update, CloseIO); containerd's CRI makes the same calls.
 pub fn task_client(

@@ -117,34 +117,7 @@ fn short_set(c: &Containerd, version: &str, tag: &str) {
     // Runtime options: `--runtime-config-path FILE` is the ConfigPath a runtime entry sets;
     // the file's VM size (256 MiB, the default being 512) shows in the guest.
     let rcp_id = format!("{tag}-rcp");
-    let small = c.dir.join("small.toml");
-    let text = RuntimeConfig::qemu()
-        .set("hypervisor.qemu", "default_memory", "256")
-        .render();
-    std::fs::write(&small, text).expect("writing small.toml");
-    let small = small.display().to_string();
-    let out = c.run(
-        &rcp_id,
-        &["--rm", "--runtime-config-path", &small],
-        &["grep", "MemTotal", "/proc/meminfo"],
-    );
-    assert!(
-        out.status.success(),
-        "ctr run --runtime-config-path {small} on containerd {version}: {}\n{}",
-        stderr(&out),
-        c.log_tail()
-    );
-    let kib: u64 = stdout(&out)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        kib > 0 && kib < 300 * 1024,
-        "containerd {version}: the guest has {kib} KiB ({:?}): default_memory = 256 of the \
-         runtime options' ConfigPath was not used",
-        stdout(&out)
-    );
+    assert_runtime_config_path_used(c, &rcp_id, &format!("containerd {version}"));
     assert_no_leftovers(&rcp_id);
 
     // A detached container, an exec into it, kill, task rm and container rm.

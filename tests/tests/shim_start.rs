@@ -139,6 +139,15 @@ fn bootstrap_result_address(out: &[u8]) -> String {
     address
 }
 
+/// Checks that the start handed its runtime options' ConfigPath to the daemon.
+fn hands_the_config_path_to_the_daemon(b: &Bundle) {
+    let handed = b.file("start-options.json").unwrap_or_default();
+    assert!(
+        handed.contains("/etc/kata-containers/fast.toml"),
+        "{handed:?}"
+    );
+}
+
 /// Checks that the daemon behind `address` serves the Task API, then ends it with
 /// SIGTERM (it has no sandbox) and checks that it left nothing.
 fn serves_then_ends_on_sigterm(b: &Bundle, address: &str) {
@@ -199,11 +208,7 @@ fn containerd_1_6_to_2_2_start_with_runtime_options_or_nothing() {
             "{address:?}"
         );
         if !stdin.is_empty() {
-            let handed = b.file("start-options.json").unwrap_or_default();
-            assert!(
-                handed.contains("/etc/kata-containers/fast.toml"),
-                "{handed:?}"
-            );
+            hands_the_config_path_to_the_daemon(&b);
         }
         serves_then_ends_on_sigterm(&b, &address);
     }
@@ -226,11 +231,7 @@ fn containerd_2_3_start_answers_a_bootstrap_result_in_its_socket_dir() {
         "{address} is not in the socket_dir {}",
         socket_dir.display()
     );
-    let handed = b.file("start-options.json").unwrap_or_default();
-    assert!(
-        handed.contains("/etc/kata-containers/fast.toml"),
-        "{handed:?}"
-    );
+    hands_the_config_path_to_the_daemon(&b);
     serves_then_ends_on_sigterm(&b, &address);
 }
 
