@@ -120,8 +120,9 @@ CRITEST = KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) \
 critest: setup build guest image containerd-versions
 	$(CRITEST)
 
-# README command 2: every test, unit and end-to-end, then the CRI conformance suite (which
-# runs even when a cargo test failed; the target fails if either did).
+# README command 2: every test, unit and end-to-end, a bounded fuzzing run of each fuzz
+# target, then the CRI conformance suite (each runs even when an earlier one failed; the
+# target fails if any did).
 test: setup build guest image containerd-versions
 	status=0; \
 	KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
@@ -133,8 +134,19 @@ test: setup build guest image containerd-versions
 	KATA_TEST_PAUSE_IMAGE=$(PAUSE_IMAGE_TAR) \
 	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN) \
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2 || status=$$?; \
+	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh || status=$$?; \
 	$(CRITEST) || status=$$?; \
 	exit $$status
+
+# Fuzzing (fuzz/, cargo-fuzz with libFuzzer) of what parses guest-controlled bytes: vsock
+# packets and the muxer, kata-vmm's virtio-mmio transport and devices, the shim's reading of
+# the agent's answers. FUZZ_SECONDS (60) per target; corpora, crashes and logs in
+# $(FUZZ_CACHE) (scripts/fuzz.sh). `make test` runs it; longer runs: FUZZ_SECONDS=600.
+FUZZ_CACHE ?= /var/cache/kata-fuzz
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz: setup
+	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -69,6 +69,8 @@ install_crate() { # name version binary
     cargo install --locked --quiet --root "$CARGO_TOOLS_ROOT" "$name@$version"
 }
 install_crate virtiofsd "${VIRTIOFSD_VERSION:-1.14.0}" virtiofsd
+# `make fuzz` (scripts/fuzz.sh) runs the fuzz targets with it; it needs no nightly toolchain.
+install_crate cargo-fuzz "${CARGO_FUZZ_VERSION:-0.13.2}" cargo-fuzz
 # The vsock backend is ours (kata-vsock, built by `make`), not a crates.io daemon.
 for b in virtiofsd; do
     ln -sf "$CARGO_TOOLS_ROOT/bin/$b" "/usr/local/bin/$b"

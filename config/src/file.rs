@@ -11,6 +11,15 @@ use serde::Deserialize;
 /// plus room for the page cache of the shares (bench/README.md, "Pod sizing").
 pub const POD_MEMORY_OVERHEAD_MIB: u32 = 96;
 
+/// The first uid (and gid) handed to a sandbox's host processes (`host_uid_start`):
+/// 0x70000000, above the ranges `/etc/subuid`, systemd's dynamic users and
+/// systemd-nspawn's containers hand out (systemd's UIDS-GIDS.md leaves 0x70000000 to
+/// 0x7FFFFFFF unused).
+pub const HOST_UID_START: u32 = 0x7000_0000;
+/// How many uids the range holds (`host_uid_count`): at most this many sandboxes run at
+/// once.
+pub const HOST_UID_COUNT: u32 = 65536;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct File {
@@ -43,6 +52,9 @@ pub(crate) struct BuiltinSection {
     pub virtio_fs_daemon: String,
     pub virtio_fs_cache: String,
     pub virtio_fs_rootfs_cache: String,
+    pub sandbox_host_processes: bool,
+    pub host_uid_start: u32,
+    pub host_uid_count: u32,
 }
 
 impl Default for BuiltinSection {
@@ -61,6 +73,9 @@ impl Default for BuiltinSection {
             virtio_fs_daemon: "/usr/local/bin/virtiofsd".into(),
             virtio_fs_cache: "auto".into(),
             virtio_fs_rootfs_cache: "always".into(),
+            sandbox_host_processes: true,
+            host_uid_start: HOST_UID_START,
+            host_uid_count: HOST_UID_COUNT,
         }
     }
 }
@@ -84,6 +99,9 @@ pub(crate) struct QemuSection {
     pub virtio_fs_rootfs_cache: String,
     pub vsock_backend: String,
     pub accelerator: String,
+    pub sandbox_host_processes: bool,
+    pub host_uid_start: u32,
+    pub host_uid_count: u32,
 }
 
 impl Default for QemuSection {
@@ -105,6 +123,9 @@ impl Default for QemuSection {
             virtio_fs_rootfs_cache: "always".into(),
             vsock_backend: "/usr/local/bin/kata-vsock".into(),
             accelerator: "auto".into(),
+            sandbox_host_processes: true,
+            host_uid_start: HOST_UID_START,
+            host_uid_count: HOST_UID_COUNT,
         }
     }
 }

@@ -66,7 +66,61 @@ pub struct BuiltinConfig {
     /// rootfs share, which the guest reads root filesystems from (see
     /// [`QemuConfig::rootfs_share`]).
     pub virtio_fs_rootfs_cache: VirtioFsCache,
+    /// Who kata-vmm runs as.
+    pub host_processes: HostProcesses,
 }
+
+/// How a sandbox's VMM and the helpers that need no privilege (kata-vsock) run on the
+/// host (`sandbox_host_processes`, `host_uid_start`, `host_uid_count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostProcesses {
+    /// Each sandbox's VMM and kata-vsock run as a uid and gid of the sandbox's own, with
+    /// no capabilities, no new privileges, a private `/dev` and (kata-vsock) no network;
+    /// false: as the shim (root).
+    pub sandboxed: bool,
+    /// The first uid (and gid, the same number) of the range sandboxes get theirs from.
+    pub uid_start: u32,
+    /// How many ids the range holds, at least 1.
+    pub uid_count: u32,
+}
+
+impl HostProcesses {
+    fn from_keys(
+        origin: &Path,
+        (start_key, count_key): (&'static str, &'static str),
+        (sandboxed, uid_start, uid_count): (bool, u32, u32),
+    ) -> Result<Self, Error> {
+        if uid_start < MIN_HOST_UID {
+            return Err(invalid(
+                origin,
+                start_key,
+                uid_start,
+                &format!("expected a uid of at least {MIN_HOST_UID}, above the host's own users"),
+            ));
+        }
+        // u32::MAX is the kernel's "no id" ((uid_t)-1).
+        let end = u64::from(uid_start) + u64::from(uid_count);
+        if uid_count == 0 || end > u64::from(u32::MAX) {
+            return Err(invalid(
+                origin,
+                count_key,
+                uid_count,
+                &format!(
+                    "expected 1 to {} (the range must end below 4294967295)",
+                    u32::MAX - uid_start
+                ),
+            ));
+        }
+        Ok(Self {
+            sandboxed,
+            uid_start,
+            uid_count,
+        })
+    }
+}
+
+/// The lowest `host_uid_start` accepted: below it live the host's system and login users.
+pub const MIN_HOST_UID: u32 = 65536;
 
 /// `[hypervisor.qemu]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +155,8 @@ pub struct QemuConfig {
     pub vsock_backend: PathBuf,
     /// kvm, tcg or auto.
     pub accelerator: Accelerator,
+    /// Who QEMU and the vsock backend run as.
+    pub host_processes: HostProcesses,
 }
 
 /// How a pod's VM is sized from the pod's resource limits (static sizing: the VM cannot
@@ -302,6 +358,14 @@ impl QemuConfig {
             )?,
             vsock_backend: absolute(origin, "hypervisor.qemu.vsock_backend", s.vsock_backend)?,
             accelerator: Accelerator::parse(origin, "hypervisor.qemu.accelerator", &s.accelerator)?,
+            host_processes: HostProcesses::from_keys(
+                origin,
+                (
+                    "hypervisor.qemu.host_uid_start",
+                    "hypervisor.qemu.host_uid_count",
+                ),
+                (s.sandbox_host_processes, s.host_uid_start, s.host_uid_count),
+            )?,
         })
     }
 }
@@ -370,6 +434,14 @@ impl BuiltinConfig {
                 origin,
                 "hypervisor.builtin.virtio_fs_rootfs_cache",
                 &s.virtio_fs_rootfs_cache,
+            )?,
+            host_processes: HostProcesses::from_keys(
+                origin,
+                (
+                    "hypervisor.builtin.host_uid_start",
+                    "hypervisor.builtin.host_uid_count",
+                ),
+                (s.sandbox_host_processes, s.host_uid_start, s.host_uid_count),
             )?,
         })
     }

@@ -432,3 +432,29 @@ fn pod_sizing_defaults_and_caps() {
         "{e}"
     );
 }
+
+#[test]
+fn host_processes_are_sandboxed_by_default_and_the_range_is_checked() {
+    let c = parse("").unwrap();
+    let want = HostProcesses {
+        sandboxed: true,
+        uid_start: HOST_UID_START,
+        uid_count: HOST_UID_COUNT,
+    };
+    assert_eq!(c.hypervisor.qemu.host_processes, want);
+    assert_eq!(c.hypervisor.builtin.host_processes, want);
+    let c = parse("[hypervisor.qemu]\nsandbox_host_processes = false\n").unwrap();
+    assert!(!c.hypervisor.qemu.host_processes.sandboxed);
+    assert!(c.hypervisor.builtin.host_processes.sandboxed);
+    let e = err("[hypervisor.qemu]\nhost_uid_start = 1000\n");
+    assert!(
+        e.contains("hypervisor.qemu.host_uid_start = 1000") && e.contains("at least 65536"),
+        "{e}"
+    );
+    let e = err("[hypervisor.builtin]\nhost_uid_start = 4294967000\nhost_uid_count = 1000\n");
+    assert!(
+        e.contains("hypervisor.builtin.host_uid_count = 1000") && e.contains("1 to 295"),
+        "{e}"
+    );
+    assert!(err("[hypervisor.qemu]\nhost_uid_count = 0\n").contains("host_uid_count = 0"));
+}

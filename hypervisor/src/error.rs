@@ -45,6 +45,14 @@ pub enum Error {
     #[error("{0}")]
     Unsupported(String),
 
+    /// The sandbox's host processes cannot be confined as configured.
+    #[error(
+        "cannot confine the sandbox's host processes: {0}; `kata-runtime check` says what \
+         this host lacks, and sandbox_host_processes = false in the hypervisor's section \
+         turns the confinement off (the VMM then runs as root)"
+    )]
+    Containment(String),
+
     /// `start_vm` was called twice on the same backend.
     #[error("the VM is already running (VMM pid {0}); stop it before starting another")]
     AlreadyRunning(i32),

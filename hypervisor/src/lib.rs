@@ -9,9 +9,10 @@
 //! the vsock backend (`kata-vsock`) as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
 //! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`) with `virtiofsd` behind
 //! its virtio-fs, and refuses a KVM that cannot run guests at full speed.
-//! [`accel`] decides between KVM and TCG. [`process`] spawns, watches and reaps helper
-//! processes by pid, without relying on `Child::wait` (the shim runs a global SIGCHLD
-//! reaper).
+//! [`console`] keeps the guest's serial console, which the VMM writes to a pipe, in a
+//! bounded `console.log` (a thread per running VM). [`accel`] decides between KVM and
+//! TCG. [`process`] spawns, watches and reaps helper processes by pid, without relying
+//! on `Child::wait` (the shim runs a global SIGCHLD reaper).
 //!
 //! This crate touches only the sandbox's run directory, the processes it started, and
 //! the accelerator probe cache under `/run/kata-containers/`.
@@ -19,7 +20,9 @@
 pub mod accel;
 pub mod agent_params;
 pub mod builtin;
+pub mod console;
 mod error;
+pub mod jail;
 pub mod process;
 pub mod qemu;
 #[cfg(any(test, feature = "test-utils"))]

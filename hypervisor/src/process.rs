@@ -8,7 +8,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,6 +31,12 @@ pub(crate) const POLL: Duration = Duration::from_millis(10);
 const TAIL_BYTES: u64 = 2048;
 const TAIL_LINES: usize = 15;
 
+/// Passed descriptors' targets are below this; the child moves them through numbers from
+/// it up (see `Place::pass_fds`).
+pub const PASSED_FD_SCRATCH: RawFd = 100;
+/// The most descriptors a daemon is passed.
+pub const MAX_PASSED_FDS: usize = 32;
+
 /// A program to run in the background with stdout and stderr going to a log file.
 pub struct Daemon<'a> {
     /// Names the step in errors, e.g. `virtiofsd`.
@@ -50,6 +57,10 @@ pub struct Place {
     cgroup_joins: Vec<Arc<File>>,
     /// A network namespace to join.
     netns: Option<Arc<File>>,
+    /// Descriptors the program inherits, each on the number given (see [`Place::pass_fd`]).
+    fds: Vec<(Arc<OwnedFd>, RawFd)>,
+    /// Who the process becomes (see [`crate::jail`]); None: it stays root.
+    jail: Option<Arc<crate::jail::Jail>>,
 }
 
 impl Place {
@@ -86,15 +97,68 @@ impl Place {
         Place {
             cgroup_joins: self.cgroup_joins.clone(),
             netns: None,
+            fds: self.fds.clone(),
+            jail: self.jail.clone(),
         }
     }
 
-    fn is_empty(&self) -> bool {
-        self.cgroup_joins.is_empty() && self.netns.is_none()
+    /// The same, for a process confined by `jail` (None: unconfined).
+    pub fn jailed(&self, jail: Option<crate::jail::Jail>) -> Place {
+        Place {
+            jail: jail.map(Arc::new),
+            ..self.clone()
+        }
     }
 
-    /// Applies the place in the child. Only async-signal-safe calls (write, setns).
-    fn enter(cgroup_joins: &[RawFd], netns: Option<RawFd>) -> std::io::Result<()> {
+    /// Hands `fd` to the program as descriptor `target` (3 and up; every other descriptor
+    /// of ours stays closed-on-exec). Used for the guest console's pipe.
+    /// `target` must be below [`PASSED_FD_SCRATCH`]; at most [`MAX_PASSED_FDS`] are passed.
+    pub fn pass_fd(&mut self, fd: Arc<OwnedFd>, target: RawFd) {
+        self.fds.push((fd, target));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.cgroup_joins.is_empty()
+            && self.netns.is_none()
+            && self.fds.is_empty()
+            && self.jail.is_none()
+    }
+
+    /// Puts each passed descriptor on its number, inheritable, in the child: the last step
+    /// of the child's set-up, as it may replace a descriptor that set-up used.
+    /// Only async-signal-safe calls (dup2, fcntl). In two passes, so that no descriptor
+    /// is replaced before it is moved: each first to a number of [`PASSED_FD_SCRATCH`] or
+    /// more (above every target), then onto its target.
+    fn pass_fds(fds: &[(RawFd, RawFd)]) -> std::io::Result<()> {
+        let mut scratch = [-1 as RawFd; MAX_PASSED_FDS];
+        if fds.len() > MAX_PASSED_FDS {
+            return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        for (i, &(fd, _)) in fds.iter().enumerate() {
+            // SAFETY: `fd` is open (the parent keeps it alive across the fork); fcntl
+            // only changes this process's descriptor table.
+            scratch[i] = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, PASSED_FD_SCRATCH) };
+            if scratch[i] < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        for (i, &(_, target)) in fds.iter().enumerate() {
+            // SAFETY: `scratch[i]` is the copy made above; dup2 only changes this
+            // process's descriptor table (the copy on `target` is inheritable).
+            if unsafe { libc::dup2(scratch[i], target) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the place in the child. Only async-signal-safe calls (write, setns, and
+    /// the jail's: see [`crate::jail::Jail::enter`]).
+    fn enter(
+        cgroup_joins: &[RawFd],
+        netns: Option<RawFd>,
+        jail: Option<&crate::jail::Jail>,
+    ) -> std::io::Result<()> {
         for fd in cgroup_joins {
             // SAFETY: `fd` is an open descriptor the parent keeps alive across the fork;
             // the buffer is a static byte string.
@@ -107,6 +171,9 @@ impl Place {
             if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
+        }
+        if let Some(jail) = jail {
+            jail.enter()?;
         }
         Ok(())
     }
@@ -137,9 +204,13 @@ impl Daemon<'_> {
     /// Spawns the program and returns its pid. The `Child` handle is dropped on purpose:
     /// the pid is what gets recorded, signalled and reaped.
     pub fn spawn(&self) -> Result<i32, Error> {
+        // Not through a link: the run directory may belong to a confined helper's uid
+        // (kata-vsock starts before QEMU), which must not point a log of the shim's at a
+        // host file.
         let log = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&self.log)
             .map_err(|source| Error::RunDir {
                 path: self.log.clone(),
@@ -160,10 +231,21 @@ impl Daemon<'_> {
                 .map(|f| f.as_raw_fd())
                 .collect();
             let netns = self.place.netns.as_ref().map(|f| f.as_raw_fd());
+            let fds: Vec<(RawFd, RawFd)> = self
+                .place
+                .fds
+                .iter()
+                .map(|(f, target)| (f.as_raw_fd(), *target))
+                .collect();
+            let jail = self.place.jail.clone();
             // SAFETY: the closure only makes async-signal-safe system calls (write,
-            // setns) on descriptors opened before the fork, and allocates nothing.
+            // setns, dup2, fcntl, the jail's) on descriptors and strings prepared before
+            // the fork, and allocates nothing.
             unsafe {
-                command.pre_exec(move || Place::enter(&cgroup_joins, netns));
+                command.pre_exec(move || {
+                    Place::enter(&cgroup_joins, netns, jail.as_deref())?;
+                    Place::pass_fds(&fds)
+                });
             }
         }
         let child = command
@@ -335,8 +417,14 @@ pub fn pids_mentioning(needle: &str) -> Vec<i32> {
 }
 
 /// The last lines of a log file, for error messages; empty if it cannot be read.
+/// A link there is not followed: the run directory may belong to the VMM's uid, which
+/// must not have the shim quote a host file of its choosing.
 pub fn log_tail(path: &Path) -> String {
-    let Ok(mut file) = File::open(path) else {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    let Ok(mut file) = opened else {
         return String::new();
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -487,8 +575,7 @@ impl RunningVm {
     }
 }
 
-/// After a successful start: the helpers among `started` (all but the VMM) still alive; a
-/// virtiofsd that died before its `--sandbox none` fallback is already gone.
+/// After a successful start: the helpers among `started` (all but the VMM) still alive.
 pub(crate) fn live_helpers(started: Vec<i32>, vmm_pid: i32) -> Vec<i32> {
     started
         .into_iter()
@@ -670,6 +757,36 @@ mod tests {
         }
         assert_eq!(join_file(&v1), v1.join("tasks"));
         assert_eq!(join_file(&v2), v2.join("cgroup.procs"));
+    }
+
+    #[test]
+    fn a_daemon_log_planted_as_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "host file\n").unwrap();
+        let log = dir.path().join("qemu.log");
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        let d = Daemon {
+            step: "qemu",
+            program: Path::new("/bin/echo"),
+            args: vec!["written through the link".into()],
+            env: Vec::new(),
+            log,
+            place: Place::default(),
+        };
+        let err = d.spawn().unwrap_err();
+        assert!(matches!(err, Error::RunDir { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host file\n");
+    }
+
+    #[test]
+    fn log_tail_does_not_follow_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "host secret\n").unwrap();
+        let log = dir.path().join("qemu.log");
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        assert_eq!(log_tail(&log), "");
     }
 
     #[test]

@@ -11,28 +11,35 @@
 use std::path::{Path, PathBuf};
 
 use kata_config::VirtioFsCache;
-use slog::{info, warn, Logger};
+use slog::{info, Logger};
 
 use crate::process::{wait_for_sockets, Daemon, Place, Wait};
 use crate::Error;
 
-/// virtiofsd's `--sandbox` mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FsSandbox {
-    /// Own mount, pid and net namespaces (virtiofsd's default, preferred).
-    Namespace,
-    /// No isolation; the fallback where namespaces cannot be set up.
-    None,
-}
+/// What the guest reaches through virtiofsd is decided by the guest: names, handles,
+/// the order of requests. virtiofsd therefore always runs confined, and a virtiofsd that
+/// cannot confine itself is a failed start, never a reason to run it unconfined (serving
+/// guest-chosen names against the host's root is how Kata's GHSA-2gv2-cffp-j227 happened):
+/// - `--sandbox namespace`: its own mount, pid and network namespaces, the shared
+///   directory as its root;
+/// - `--seccomp kill`: a system call outside its list kills it;
+/// - `--inode-file-handles=never`: inodes held as `O_PATH` descriptors under the shared
+///   directory, so it needs no CAP_DAC_READ_SEARCH, with which a handle could open any
+///   file of the host filesystem.
+const CONFINEMENT: [&str; 5] = [
+    "--sandbox",
+    "namespace",
+    "--seccomp",
+    "kill",
+    "--inode-file-handles=never",
+];
 
-impl FsSandbox {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Namespace => "namespace",
-            Self::None => "none",
-        }
-    }
-}
+/// What to do when virtiofsd dies before it listens, for the error.
+const CONFINEMENT_HINT: &str = "virtiofsd always runs in namespaces of its own with a \
+seccomp filter and is never started without them; if its log says a namespace, mount or \
+seccomp call was not permitted, run the shim as root on a host that allows mount, pid and \
+network namespaces (inside a container: privileged, or CAP_SYS_ADMIN with unconfined \
+seccomp and AppArmor profiles)";
 
 /// One virtiofsd: what it shares, where it listens and logs.
 pub(crate) struct Virtiofsd<'a> {
@@ -56,7 +63,7 @@ pub(crate) struct Virtiofsd<'a> {
 
 impl Virtiofsd<'_> {
     /// virtiofsd's arguments.
-    pub fn args(&self, sandbox: FsSandbox) -> Vec<String> {
+    pub fn args(&self) -> Vec<String> {
         let mut args = vec![
             "--socket-path".into(),
             self.socket.display().to_string(),
@@ -64,48 +71,47 @@ impl Virtiofsd<'_> {
             self.shared_dir.display().to_string(),
             "--cache".into(),
             self.cache.to_string(),
-            "--sandbox".into(),
-            sandbox.as_str().into(),
             // No --announce-submounts: with it, our 6.1 guest crashed binaries run inside
             // a chroot whose root is an announced submount (the container rootfs always is;
             // not retried since the guest moved to 6.12).
         ];
+        args.extend(CONFINEMENT.iter().map(|a| a.to_string()));
         if self.debug {
             args.extend(["--log-level".into(), "debug".into()]);
         }
         args
     }
 
-    /// Starts virtiofsd with `--sandbox namespace`, or `--sandbox none` if that dies at
-    /// once (e.g. no permission to create namespaces), and waits for its socket. Every pid
+    /// Starts virtiofsd, confined (see [`CONFINEMENT`]), and waits for its socket. Its pid
     /// goes to `started` as soon as it exists, so that a failure can stop it.
     pub async fn start(&self, logger: &Logger, started: &mut Vec<i32>) -> Result<(), Error> {
-        let daemon = |sandbox| Daemon {
+        let daemon = Daemon {
             step: self.step,
             program: self.program,
-            args: self.args(sandbox),
+            args: self.args(),
             env: Vec::new(),
             log: self.log.clone(),
             place: self.place.without_netns(),
         };
-        let preferred = daemon(FsSandbox::Namespace);
-        log_command(logger, &preferred);
-        let pid = preferred.spawn()?;
+        log_command(logger, &daemon);
+        let pid = daemon.spawn()?;
         started.push(pid);
-        match wait_for_sockets(&preferred, pid, &[self.socket]).await {
-            Ok(()) => return Ok(()),
-            Err(Wait::Timeout(e)) => return Err(e),
-            Err(Wait::Died(e)) => warn!(logger,
-                "virtiofsd cannot sandbox itself in namespaces; retrying with --sandbox none";
-                "step" => self.step, "error" => e.to_string()),
+        match wait_for_sockets(&daemon, pid, &[self.socket]).await {
+            Ok(()) => Ok(()),
+            Err(Wait::Timeout(e)) => Err(e),
+            Err(Wait::Died(Error::Step {
+                step,
+                reason,
+                log,
+                tail,
+            })) => Err(Error::Step {
+                step,
+                reason: format!("{reason}; {CONFINEMENT_HINT}"),
+                log,
+                tail,
+            }),
+            Err(Wait::Died(e)) => Err(e),
         }
-        let fallback = daemon(FsSandbox::None);
-        log_command(logger, &fallback);
-        let pid = fallback.spawn()?;
-        started.push(pid);
-        wait_for_sockets(&fallback, pid, &[self.socket])
-            .await
-            .map_err(Wait::into_error)
     }
 }
 
@@ -216,14 +222,14 @@ mod tests {
             place: &place,
         };
         assert_eq!(
-            v.args(FsSandbox::Namespace).join(" "),
+            v.args().join(" "),
             "--socket-path /run/vc/sb1/virtiofsd.sock \
              --shared-dir /run/kata-containers/shared/sb1 --cache never \
-             --sandbox namespace"
+             --sandbox namespace --seccomp kill --inode-file-handles=never"
         );
         let v = Virtiofsd { debug: true, ..v };
-        let s = v.args(FsSandbox::None).join(" ");
-        assert!(s.contains("--sandbox none"), "{s}");
+        let s = v.args().join(" ");
+        assert!(s.contains("--sandbox namespace"), "{s}");
         assert!(s.ends_with("--log-level debug"), "{s}");
     }
 }

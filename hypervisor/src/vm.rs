@@ -47,7 +47,8 @@ pub struct VmInfo {
     pub vmm_pid: i32,
     /// Helper daemons (virtiofsd, vsock backend).
     pub helper_pids: Vec<i32>,
-    /// The guest's serial console output.
+    /// The guest's serial console output, its newest
+    /// [`CONSOLE_LOG_CAP`](crate::console::CONSOLE_LOG_CAP) bytes at most.
     pub console_log: PathBuf,
     /// The VMM's own stdout and stderr (why it exited, if it did).
     pub vmm_log: PathBuf,

@@ -1,6 +1,6 @@
 //! start_vm failures with stand-in programs (no guest needed): the error names the step
-//! and quotes its log, virtiofsd falls back to `--sandbox none`, and nothing started
-//! before the failing step is left running.
+//! and quotes its log, a virtiofsd that cannot confine itself fails the start (it is
+//! never run unconfined), and nothing started before the failing step is left running.
 
 use hypervisor::{new_hypervisor, Hypervisor};
 
@@ -42,32 +42,56 @@ async fn start_with_failing_virtiofsd(
     (hv, err)
 }
 
+/// A virtiofsd that cannot make its namespaces (as in some containers) fails the start
+/// with its own words and what to do; no virtiofsd is ever started unconfined.
 #[tokio::test]
-async fn virtiofsd_falls_back_to_sandbox_none_and_failures_clean_up() {
+async fn virtiofsd_that_cannot_confine_itself_fails_the_start() {
     let _serial = SERIAL.lock().await;
     if !common::helpers_installed() {
         return;
     }
     let sb = Sandbox::new();
-    // A virtiofsd that cannot use namespaces, as in some containers.
     let (hv, err) = start_with_failing_virtiofsd(
         &sb,
-        "*'--sandbox namespace'*",
+        // The share's (the rootfs share's starts beside it and is stopped).
+        "*/virtiofsd.sock*'--sandbox namespace'*",
         "fake: unshare: Operation not permitted",
         1,
     )
     .await;
     eprintln!("{err}");
     assert!(
-        err.starts_with("starting qemu failed: it exited with status 1"),
+        err.starts_with("starting virtiofsd failed: it exited with status 1"),
         "{err}"
     );
-    assert!(err.contains("fake qemu: cannot start the machine"), "{err}");
-
+    assert!(err.contains("never started without them"), "{err}");
+    assert!(
+        err.contains("virtiofsd.log:\nfake: unshare: Operation not permitted"),
+        "{err}"
+    );
     let fs_log = std::fs::read_to_string(sb.vm_config().run_dir.join("virtiofsd.log")).unwrap();
-    assert!(fs_log.contains("Operation not permitted"), "{fs_log}");
-    assert!(fs_log.contains("Waiting for vhost-user socket"), "{fs_log}");
+    assert!(
+        !fs_log.contains("Waiting for vhost-user socket"),
+        "a virtiofsd was started after the confined one failed:\n{fs_log}"
+    );
     assert!(hv.pids().is_empty());
+    assert_eq!(sb.leftovers(), Vec::<i32>::new());
+}
+
+/// The installed virtiofsd takes the confinement options every start gives it (see
+/// `virtiofsd::CONFINEMENT`) and serves.
+#[tokio::test]
+async fn virtiofsd_runs_confined() {
+    let _serial = SERIAL.lock().await;
+    if !common::helpers_installed() {
+        return;
+    }
+    let sb = Sandbox::new();
+    // The real virtiofsd (the pattern matches no command line), which must accept the
+    // confinement options and listen; the start then fails at QEMU.
+    let (_hv, err) = start_with_failing_virtiofsd(&sb, "--never--", "", 0).await;
+    // Past the virtiofsds: each made its socket, so each took the options.
+    assert!(err.starts_with("starting qemu failed"), "{err}");
     assert_eq!(sb.leftovers(), Vec::<i32>::new());
 }
 

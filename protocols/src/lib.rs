@@ -58,6 +58,14 @@ pub const GUEST_ROOTFS_DIR: &str = "/run/kata-containers/shared/rootfs";
 /// ([`ROOTFS_FS_TAG`]), to mount at [`GUEST_ROOTFS_DIR`] at boot.
 pub const ROOTFS_SHARE_PARAM: &str = "agent.rootfs_share";
 
+/// The kernel command line key that sets the level of kata-agent's console log
+/// (`agent.log=debug`, Kata's spelling). Without it the agent logs warnings and errors
+/// only, rate-limited; the host adds [`AGENT_DEBUG_LOG`] in debug mode, which logs
+/// everything.
+pub const AGENT_LOG_PARAM: &str = "agent.log";
+/// The word the host adds to the guest kernel command line in debug mode.
+pub const AGENT_DEBUG_LOG: &str = "agent.log=debug";
+
 /// The message kata-agent writes to the guest console once its API is listening.
 pub const AGENT_READY_MESSAGE: &str = "serving the agent API";
 

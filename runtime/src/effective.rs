@@ -179,6 +179,18 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
         ),
         ("hypervisor.qemu.vsock_backend", path(&q.vsock_backend)),
         ("hypervisor.qemu.accelerator", word(q.accelerator.as_str())),
+        (
+            "hypervisor.qemu.sandbox_host_processes",
+            toml::Value::Boolean(q.host_processes.sandboxed),
+        ),
+        (
+            "hypervisor.qemu.host_uid_start",
+            int(q.host_processes.uid_start),
+        ),
+        (
+            "hypervisor.qemu.host_uid_count",
+            int(q.host_processes.uid_count),
+        ),
         ("hypervisor.builtin.path", path(&b.path)),
         ("hypervisor.builtin.kernel", path(&b.kernel)),
         ("hypervisor.builtin.initrd", path(&b.initrd)),
@@ -212,6 +224,18 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
         (
             "hypervisor.builtin.virtio_fs_rootfs_cache",
             word(b.virtio_fs_rootfs_cache.as_str()),
+        ),
+        (
+            "hypervisor.builtin.sandbox_host_processes",
+            toml::Value::Boolean(b.host_processes.sandboxed),
+        ),
+        (
+            "hypervisor.builtin.host_uid_start",
+            int(b.host_processes.uid_start),
+        ),
+        (
+            "hypervisor.builtin.host_uid_count",
+            int(b.host_processes.uid_count),
         ),
         (
             "agent.kata.dial_timeout",

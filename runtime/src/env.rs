@@ -203,7 +203,11 @@ pub fn gather(eff: &Effective, containerd_config: &Path) -> Env {
     } else {
         q.accelerator
     };
-    let choice = hypervisor::accel::choose(configured, &logger);
+    // A refused `kvm` shows as no accelerator, with why.
+    let (accel_in_use, accel_reason) = match hypervisor::accel::choose(configured, &logger) {
+        Ok(choice) => (choice.accel.as_str(), choice.reason),
+        Err(refusal) => ("none", refusal),
+    };
     let containerd = Containerd::inspect(containerd_config);
     let version_of = |path: &Path, run: fn(&Path) -> Result<String, String>| {
         if is_executable(path) {
@@ -237,8 +241,8 @@ pub fn gather(eff: &Effective, containerd_config: &Path) -> Env {
             } else {
                 q.accelerator.as_str().into()
             },
-            accelerator_in_use: choice.accel.as_str(),
-            accelerator_reason: choice.reason,
+            accelerator_in_use: accel_in_use,
+            accelerator_reason: accel_reason,
             default_vcpus: vcpus,
             default_memory_mib: memory,
         },

@@ -91,13 +91,16 @@ pub enum HostSetupError {
 }
 
 /// Mounts containerd's rootfs mounts at `<bundle>/rootfs` (if any; otherwise the bundle
-/// already holds the rootfs), then binds it and the spec's host binds into the share.
-/// Returns every mount point made, in order; on error, undoes its own work.
+/// already holds the rootfs), then binds it and the spec's host binds into the share:
+/// the volumes into virtiofsd's mount namespaces (`serving`, see
+/// [`mount::serving_namespaces`]) when there are any, else into the host's. Returns every
+/// host mount point made, in order; on error, undoes its own work.
 pub async fn setup_host_mounts(
     bundle: &Path,
     rootfs: &[Mount],
     share_dir: &Path,
     binds: &[HostBind],
+    serving: &[std::fs::File],
 ) -> Result<Vec<PathBuf>, HostSetupError> {
     let mut made = Vec::new();
     let result = async {
@@ -116,12 +119,29 @@ pub async fn setup_host_mounts(
             made.push(host_rootfs.clone());
         }
         let target = share_dir.join("rootfs");
-        mount::bind(&host_rootfs, &target, false)?;
+        mount::bind(
+            &host_rootfs,
+            &target,
+            mount::Access::ReadWrite,
+            mount::Propagation::Private,
+        )?;
         made.push(target);
+        // `<share>/mounts/<id>`: the share's `mounts` and this container's part of it.
+        let (share_mounts, own) = match (share_dir.parent(), share_dir.file_name()) {
+            (Some(parent), Some(own)) => (parent, PathBuf::from(own)),
+            _ => (share_dir, PathBuf::new()),
+        };
         for b in binds {
-            let target = share_dir.join(&b.share_rel);
-            mount::bind(&b.source, &target, b.readonly)?;
-            made.push(target);
+            let rel = own.join(&b.share_rel);
+            let host = mount::bind_volume(
+                &b.source,
+                share_mounts,
+                &rel,
+                b.access,
+                b.propagation,
+                serving,
+            )?;
+            made.extend(host);
         }
         Ok(())
     }

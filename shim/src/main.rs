@@ -16,6 +16,7 @@ mod mount;
 mod network;
 mod options;
 mod persist;
+mod ratelimit;
 mod sandbox;
 mod service;
 mod sizing;
@@ -52,10 +53,14 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if flags.info {
-        // containerd 2.x asks every runtime for its OCI features (`-info`, options on
-        // stdin) and does without them when a runtime has none to give.
-        eprintln!("{RUNTIME_ID}: -info: this shim reports no runtime features");
-        return ExitCode::FAILURE;
+        // containerd 2.x asks every runtime for its OCI features (`-info`, the runtime
+        // options on stdin); its CRI turns on recursive read-only mounts from them.
+        let options = start::read_stdin();
+        return write_stdout(&start::runtime_info(
+            RUNTIME_ID,
+            env!("CARGO_PKG_VERSION"),
+            &options,
+        ));
     }
     match flags.action.as_str() {
         "start" => run_start(&flags),
@@ -70,7 +75,13 @@ fn run_start(flags: &containerd_shim::Flags) -> ExitCode {
     let input = start::read_stdin();
     let switch = log::DebugSwitch::default();
     switch.set(flags.debug);
-    let sandbox = start::sandbox_id_of_bundle(&flags.id);
+    let sandbox = match start::sandbox_id_of_bundle(&flags.id) {
+        Ok(sandbox) => sandbox,
+        Err(e) => {
+            eprintln!("{RUNTIME_ID}: start {}: {e}", flags.id);
+            return ExitCode::FAILURE;
+        }
+    };
     let logger = log::fifo_logger(Path::new("log"), &sandbox, &switch);
     match start::start(flags, &sandbox, &input, &logger) {
         Ok(out) => write_stdout(&out),

@@ -134,8 +134,20 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
             warn!(log, "undoing the pod's network wiring"; "error" => %e);
         }
     }
-    if !pids.is_empty() {
-        hypervisor::kill_and_reap(&pids, Duration::from_secs(2));
+    let survivors = if pids.is_empty() {
+        Vec::new()
+    } else {
+        hypervisor::kill_and_reap(&pids, Duration::from_secs(2))
+    };
+    // The uid its VMM ran as, which a crashed shim could not give back; kept while one
+    // of them survives.
+    if survivors.is_empty() {
+        hypervisor::jail::release_claims_of(
+            Path::new(hypervisor::jail::ID_CLAIMS_DIR),
+            &state.sandbox_id,
+        );
+    } else {
+        warn!(log, "processes of the sandbox survived SIGKILL"; "pids" => format!("{survivors:?}"));
     }
     cgroup::remove(&state.cgroups);
     mount::unmount_all(&state.mounts);
@@ -434,6 +446,11 @@ impl Sandbox {
                 warn!(self.log, "recording sandbox state"; "error" => %e);
             }
         }
+    }
+
+    /// The pids of the VM's helper processes (virtiofsd, the vsock backend).
+    pub fn helper_pids(&self) -> Vec<i32> {
+        self.lock_state().helper_pids.clone()
     }
 
     /// Records host mounts made for a container, so a crashed shim's `delete` finds them.

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use containerd_shim::asynchronous::publisher::RemotePublisher;
@@ -46,9 +46,16 @@ fn bundle_socket(address: &str, namespace: &str, sandbox_id: &str) -> String {
         .unwrap_or_else(|| crate::start::socket_address(address, namespace, sandbox_id, None))
 }
 
-/// Kills the daemon the bundle's `shim.pid` names if it still runs for sandbox `id`
-/// (its command line says so), and reaps nothing: it is not our child.
-fn kill_stale_daemon(id: &str) {
+/// How long `delete` lets a daemon of the sandbox end by itself. containerd runs
+/// `delete` as soon as its connection to the daemon closes, which on every normal
+/// teardown is while the daemon is still on its way out after Shutdown (removing its
+/// socket, flushing its log): killing it there left its socket behind.
+const DAEMON_EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the daemon the bundle's `shim.pid` names if it still runs for sandbox `id` (its
+/// command line says so): it gets [`DAEMON_EXIT_GRACE`] to exit, then SIGKILL, and
+/// `delete` goes on once it is gone. It is not our child: nothing to reap.
+fn end_stale_daemon(id: &str) {
     let Some(pid) = std::fs::read_to_string("shim.pid")
         .ok()
         .and_then(|p| p.trim().parse::<i32>().ok())
@@ -56,22 +63,44 @@ fn kill_stale_daemon(id: &str) {
     else {
         return;
     };
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    if !is_our_daemon(pid, id) {
         return;
+    }
+    if wait_gone(pid, DAEMON_EXIT_GRACE) {
+        return;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    wait_gone(pid, DAEMON_EXIT_GRACE);
+}
+
+/// Whether `pid` runs this shim's daemon for sandbox `id`.
+fn is_our_daemon(pid: i32, id: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let ours = args
-        .first()
+    args.first()
         .is_some_and(|a| a.ends_with(b"containerd-shim-kata-v2"))
         && args
             .windows(2)
             .any(|w| w[0] == b"-id" && w[1] == id.as_bytes())
-        && args.contains(&&b"-socket"[..]);
-    if ours {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        && args.contains(&&b"-socket"[..])
+}
+
+/// Polls until `pid` has exited (a zombie counts as gone), for at most `limit`.
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if !hypervisor::process::is_running(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -106,14 +135,16 @@ impl Shim for Service {
     async fn delete_shim(&mut self) -> Result<DeleteResponse, ShimError> {
         // containerd calls this when the daemon is gone: undo what its state records.
         let log = Logger::root(slog::Discard, o!());
-        let sandbox_id = sandbox_id_of_bundle(&self.id);
+        // An invalid sandbox id annotation was refused at start: nothing of it to undo.
+        let sandbox_id = sandbox_id_of_bundle(&self.id).unwrap_or_else(|_| self.id.clone());
         if sandbox_id == self.id {
+            // A daemon containerd gave up on (a start that failed on its side, a daemon
+            // that stopped answering) must not linger, nor its socket; one on its way out
+            // finishes first, so that its own clean-up is not cut short.
+            end_stale_daemon(&self.id);
             if let Ok(state) = SandboxState::load(&sandbox_id) {
                 cleanup_host(&state, &log).await;
             }
-            // A daemon containerd gave up on (a start that failed on its side, a daemon
-            // that stopped answering) must not linger, nor its socket.
-            kill_stale_daemon(&self.id);
             let address = bundle_socket(&self.address, &self.namespace, &sandbox_id);
             remove_socket(&address, true);
         } else {

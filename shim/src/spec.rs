@@ -6,14 +6,25 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::mount::{Access, Propagation};
+
 /// A host path the shim must bind into the share for the guest to see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostBind {
     pub source: PathBuf,
     /// Relative to the container's directory in the share.
     pub share_rel: PathBuf,
-    pub readonly: bool,
+    /// Enforced on the host, where virtiofsd serves the guest's writes.
+    pub access: Access,
+    pub propagation: Propagation,
 }
+
+/// Host trees that are the host kernel's state, not files: never served into a guest.
+const HOST_KERNEL_TREES: &[&str] = &["/proc", "/sys"];
+
+/// Host trees whose paths mean the same in the guest: a bind source there is the
+/// guest's own (its `/dev/fuse`, `/dev/net/tun`, ...), not the host's device nodes.
+const GUEST_OWN_TREES: &[&str] = &["/dev"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -27,15 +38,42 @@ pub enum SpecError {
         destination: String,
         path: String,
     },
+    #[error(
+        "mount {index} ({destination}): bind source {path} is the host kernel's {tree}, which a \
+         VM sandbox does not serve to its guest (the guest has a kernel of its own). Use the \
+         container's own {tree} (mounted by default), or run this pod with a RuntimeClass that \
+         shares the host's kernel (runc)"
+    )]
+    HostKernelSource {
+        index: usize,
+        destination: String,
+        path: String,
+        tree: &'static str,
+    },
+    #[error("mount {index} ({destination}): {detail}")]
+    BadOptions {
+        index: usize,
+        destination: String,
+        detail: String,
+    },
+    #[error(
+        "annotation {key} names sandbox {value:?}, which is not a valid id: an id must be \
+         non-empty, not `.` or `..`, and hold no `/`"
+    )]
+    BadSandboxId { key: &'static str, value: String },
 }
 
 /// An id names directories on the host and in the guest, so it must be one path
 /// component. (containerd enforces a stricter pattern; other Task API callers may not.)
 pub fn check_id(id: &str) -> Result<(), SpecError> {
-    if id.is_empty() || id == "." || id == ".." || id.contains('/') || id.contains('\0') {
+    if !valid_id(id) {
         return Err(SpecError::BadId(id.to_string()));
     }
     Ok(())
+}
+
+fn valid_id(id: &str) -> bool {
+    !(id.is_empty() || id == "." || id == ".." || id.contains('/') || id.contains('\0'))
 }
 
 /// Where the guest finds container `cid`'s directory of the share.
@@ -53,10 +91,72 @@ fn is_bind(m: &Value) -> bool {
         })
 }
 
-fn has_option(m: &Value, opt: &str) -> bool {
-    m.get("options")
+/// The options of a bind, and what they become in the guest.
+#[derive(Debug, PartialEq, Eq)]
+struct BindOptions {
+    access: Access,
+    propagation: Propagation,
+    /// The options the agent gets.
+    guest: Vec<Value>,
+}
+
+/// Reads a bind's `ro`/`rro`/`rw` and propagation options. The host bind carries the
+/// access; the guest's bind is read-only only when the whole tree is (`rro`): a host
+/// submount of an `ro` volume is a plain directory of the virtio-fs share in the guest,
+/// and must stay as writable as the host leaves it (the host refuses writes to the
+/// volume's top with EROFS).
+fn bind_options(m: &Value) -> Result<BindOptions, String> {
+    let opts: Vec<&str> = m
+        .get("options")
         .and_then(Value::as_array)
-        .is_some_and(|o| o.iter().any(|v| v.as_str() == Some(opt)))
+        .map(|o| o.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut access = Access::ReadWrite;
+    let mut propagation = None;
+    let mut guest = Vec::new();
+    for opt in &opts {
+        match *opt {
+            "ro" => {
+                if access != Access::RecursiveReadOnly {
+                    access = Access::ReadOnly;
+                }
+                continue;
+            }
+            "rro" => access = Access::RecursiveReadOnly,
+            // The last of `ro` and `rw` counts, as with mount(8).
+            "rw" if access == Access::ReadOnly => access = Access::ReadWrite,
+            "private" | "rprivate" => propagation = Some(Propagation::Private),
+            "slave" | "rslave" => propagation = Some(Propagation::Slave),
+            "shared" | "rshared" => propagation = Some(Propagation::Shared),
+            _ => {}
+        }
+        guest.push(Value::String(opt.to_string()));
+    }
+    if access == Access::RecursiveReadOnly {
+        if opts.contains(&"rw") {
+            return Err(format!("options {opts:?} ask for both rw and read-only"));
+        }
+        if propagation.is_some_and(|p| p != Propagation::Private) {
+            return Err(format!(
+                "options {opts:?}: a recursively read-only (rro) bind must be private \
+                 (rprivate), as the CRI asks"
+            ));
+        }
+        // The guest's bind is one virtio-fs directory: read-only is all of it.
+        guest.retain(|v| v.as_str() != Some("rro"));
+        guest.push(Value::String("ro".into()));
+    }
+    Ok(BindOptions {
+        access,
+        // runc's default: the rootfs and what is under it are rslave.
+        propagation: propagation.unwrap_or(Propagation::Slave),
+        guest,
+    })
+}
+
+/// The tree of `trees` that `path` is in, if any.
+fn tree_of(path: &Path, trees: &[&'static str]) -> Option<&'static str> {
+    trees.iter().copied().find(|t| path.starts_with(t))
 }
 
 /// What the sandbox container's spec says about the whole sandbox, read before the spec
@@ -161,13 +261,33 @@ pub fn rewrite_for_guest(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
-            if !Path::new(&source).exists() {
+            // Where the source really is (containerd resolves symlinks; other callers
+            // may not).
+            let Ok(real) = std::fs::canonicalize(&source) else {
                 return Err(SpecError::MissingSource {
                     index,
                     destination,
                     path: source,
                 });
+            };
+            if let Some(tree) = tree_of(&real, HOST_KERNEL_TREES) {
+                return Err(SpecError::HostKernelSource {
+                    index,
+                    destination,
+                    path: source,
+                    tree,
+                });
             }
+            if tree_of(&real, GUEST_OWN_TREES).is_some() {
+                // The agent binds the guest's own path of that name.
+                m["source"] = Value::String(real.display().to_string());
+                continue;
+            }
+            let opts = bind_options(m).map_err(|detail| SpecError::BadOptions {
+                index,
+                destination: destination.clone(),
+                detail,
+            })?;
             let name = Path::new(&destination)
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -176,9 +296,11 @@ pub fn rewrite_for_guest(
             binds.push(HostBind {
                 source: PathBuf::from(&source),
                 share_rel: share_rel.clone(),
-                readonly: has_option(m, "ro"),
+                access: opts.access,
+                propagation: opts.propagation,
             });
             m["source"] = Value::String(guest_dir.join(&share_rel).display().to_string());
+            m["options"] = Value::Array(opts.guest);
         }
     }
 
@@ -226,17 +348,25 @@ pub mod annotations {
     ];
 }
 
-/// The sandbox a container belongs to: itself, unless its annotations name another.
-pub fn sandbox_of(spec: &Value, cid: &str) -> String {
+/// The sandbox a container belongs to: itself, unless its annotations name another,
+/// whose id passes the same rule as a container's ([`check_id`]): it names directories
+/// and sockets on the host.
+pub fn sandbox_of(spec: &Value, cid: &str) -> Result<String, SpecError> {
     let ann = spec.get("annotations");
-    let get = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| ann.and_then(|a| a.get(*k)).and_then(Value::as_str))
-            .map(str::to_string)
+    let get = |keys: &[&'static str]| {
+        keys.iter().find_map(|k| {
+            ann.and_then(|a| a.get(*k))
+                .and_then(Value::as_str)
+                .map(|v| (*k, v.to_string()))
+        })
     };
-    match get(annotations::CONTAINER_TYPE).as_deref() {
-        Some("container") => get(annotations::SANDBOX_ID).unwrap_or_else(|| cid.to_string()),
-        _ => cid.to_string(),
+    match get(annotations::CONTAINER_TYPE) {
+        Some((_, t)) if t == "container" => match get(annotations::SANDBOX_ID) {
+            Some((key, value)) if !valid_id(&value) => Err(SpecError::BadSandboxId { key, value }),
+            Some((_, value)) => Ok(value),
+            None => Ok(cid.to_string()),
+        },
+        _ => Ok(cid.to_string()),
     }
 }
 
@@ -280,7 +410,8 @@ mod tests {
         assert_eq!(spec["unknownField"], 1);
         assert!(spec["linux"]["namespaces"][0].get("path").is_none());
         assert_eq!(binds.len(), 2);
-        assert!(binds[0].readonly && !binds[1].readonly);
+        assert_eq!(binds[0].access, Access::ReadOnly);
+        assert_eq!(binds[1].access, Access::ReadWrite);
         assert_eq!(binds[0].source, PathBuf::from("/tmp"));
     }
 
@@ -297,10 +428,119 @@ mod tests {
     #[test]
     fn pod_containers_join_their_sandbox() {
         let pod = json!({"annotations": {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "sb"}});
-        assert_eq!(sandbox_of(&pod, "c2"), "sb");
+        assert_eq!(sandbox_of(&pod, "c2").unwrap(), "sb");
         let sb = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"}});
-        assert_eq!(sandbox_of(&sb, "sb"), "sb");
-        assert_eq!(sandbox_of(&json!({}), "solo"), "solo");
+        assert_eq!(sandbox_of(&sb, "sb").unwrap(), "sb");
+        assert_eq!(sandbox_of(&json!({}), "solo").unwrap(), "solo");
+    }
+
+    #[test]
+    fn a_sandbox_id_annotation_passes_the_id_rule() {
+        for bad in ["../x", "", "..", "a/b"] {
+            let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "container",
+                                              "io.kubernetes.cri.sandbox-id": bad}});
+            let err = sandbox_of(&spec, "c2").unwrap_err().to_string();
+            assert!(
+                err.contains("io.kubernetes.cri.sandbox-id") && err.contains(&format!("{bad:?}")),
+                "{err}"
+            );
+        }
+        let crio = json!({"annotations": {"io.kubernetes.cri-o.ContainerType": "container",
+                                          "io.kubernetes.cri-o.SandboxID": "../../etc"}});
+        assert!(sandbox_of(&crio, "c2").is_err());
+    }
+
+    fn bind_of(options: serde_json::Value) -> (Vec<HostBind>, serde_json::Value) {
+        let mut spec = json!({"mounts": [
+            {"destination": "/data", "type": "bind", "source": "/tmp", "options": options}
+        ]});
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        (binds, spec["mounts"][0]["options"].clone())
+    }
+
+    #[test]
+    fn read_only_is_the_volumes_top_on_the_host_and_writable_submounts_in_the_guest() {
+        // What containerd's CRI writes for `readOnly: true`.
+        let (binds, guest) = bind_of(json!(["rbind", "rprivate", "ro"]));
+        assert_eq!(binds[0].access, Access::ReadOnly);
+        assert_eq!(binds[0].propagation, Propagation::Private);
+        // The host refuses writes to the top; the guest's bind leaves the host's
+        // submounts (plain directories of the share there) as the host has them.
+        assert_eq!(guest, json!(["rbind", "rprivate"]));
+    }
+
+    #[test]
+    fn recursive_read_only_is_read_only_on_both_sides() {
+        let (binds, guest) = bind_of(json!(["rbind", "rprivate", "rro"]));
+        assert_eq!(binds[0].access, Access::RecursiveReadOnly);
+        assert_eq!(guest, json!(["rbind", "rprivate", "ro"]));
+        let (binds, _) = bind_of(json!(["rbind", "ro", "rro"]));
+        assert_eq!(binds[0].access, Access::RecursiveReadOnly);
+        for bad in [
+            json!(["rbind", "rslave", "rro"]),
+            json!(["rbind", "rro", "rw"]),
+        ] {
+            let mut spec = json!({"mounts": [
+                {"destination": "/data", "type": "bind", "source": "/tmp", "options": bad}
+            ]});
+            let err = rewrite_for_guest(&mut spec, "c1", false)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("/data") && err.contains("rro"), "{err}");
+        }
+    }
+
+    #[test]
+    fn propagation_is_what_the_options_ask_and_rslave_without_any() {
+        let cases = [
+            (json!(["rbind", "rw"]), Propagation::Slave),
+            (json!(["rbind", "rprivate"]), Propagation::Private),
+            (json!(["rbind", "rslave"]), Propagation::Slave),
+            (json!(["rbind", "rshared"]), Propagation::Shared),
+        ];
+        for (options, want) in cases {
+            let (binds, _) = bind_of(options.clone());
+            assert_eq!(binds[0].propagation, want, "{options}");
+            assert_eq!(binds[0].access, Access::ReadWrite, "{options}");
+        }
+        let (binds, guest) = bind_of(json!(["rbind", "ro", "rw"]));
+        assert_eq!(
+            binds[0].access,
+            Access::ReadWrite,
+            "the last of ro and rw counts"
+        );
+        assert_eq!(guest, json!(["rbind", "rw"]));
+    }
+
+    #[test]
+    fn host_proc_and_sys_are_refused_and_dev_is_the_guests_own() {
+        for (source, tree) in [
+            ("/proc", "/proc"),
+            ("/proc/self", "/proc"),
+            ("/sys/kernel", "/sys"),
+        ] {
+            let mut spec = json!({"mounts": [
+                {"destination": "/host", "type": "bind", "source": source, "options": ["rbind", "ro"]}
+            ]});
+            let err = rewrite_for_guest(&mut spec, "c1", false)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("/host")
+                    && err.contains(source)
+                    && err.contains(&format!("host kernel's {tree}")),
+                "{err}"
+            );
+        }
+        let mut spec = json!({"mounts": [
+            {"destination": "/dev/fuse", "type": "bind", "source": "/dev/fuse", "options": ["bind"]}
+        ]});
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        assert!(
+            binds.is_empty(),
+            "nothing of the host's /dev goes into the share"
+        );
+        assert_eq!(spec["mounts"][0]["source"], "/dev/fuse");
     }
 
     #[test]

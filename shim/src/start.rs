@@ -175,13 +175,14 @@ pub fn answers(address: &str) -> bool {
     std::os::unix::net::UnixStream::connect(address.trim_start_matches("unix://")).is_ok()
 }
 
-/// Reads the sandbox id of the container whose bundle is the current directory.
-pub fn sandbox_id_of_bundle(id: &str) -> String {
+/// Reads the sandbox id of the container whose bundle is the current directory; an
+/// invalid sandbox id annotation is an error (it would name paths on the host).
+pub fn sandbox_id_of_bundle(id: &str) -> Result<String, spec::SpecError> {
     std::fs::read("config.json")
         .ok()
         .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
         .map(|s| spec::sandbox_of(&s, id))
-        .unwrap_or_else(|| id.to_string())
+        .unwrap_or_else(|| Ok(id.to_string()))
 }
 
 /// Reads stdin, at most [`STDIN_LIMIT`] bytes.
@@ -320,6 +321,92 @@ pub fn remove_socket(address: &str, only_if_dead: bool) {
     }
 }
 
+/// The type URL containerd's `typeurl` registers for the OCI runtime features
+/// (`features.Features` of runtime-spec, marshalled as JSON).
+pub const FEATURES_TYPE_URL: &str =
+    "types.containerd.io/opencontainers/runtime-spec/1/features/Features";
+
+/// Mount options the shim and the agent implement: `rro` on the host with
+/// `mount_setattr(AT_RECURSIVE)` (and read-only in the guest); `ro` on the host for the
+/// volume's top; the rest in the guest.
+pub const MOUNT_OPTIONS: &[&str] = &[
+    "bind",
+    "dev",
+    "dirsync",
+    "exec",
+    "noatime",
+    "nodev",
+    "nodiratime",
+    "noexec",
+    "nosuid",
+    "private",
+    "rbind",
+    "relatime",
+    "ro",
+    "rprivate",
+    "rro",
+    "rshared",
+    "rslave",
+    "rw",
+    "shared",
+    "slave",
+    "strictatime",
+    "suid",
+    "sync",
+];
+
+/// The runtime features (runtime-spec `features.md`) as JSON: what containerd's CRI
+/// reads from `-info` (`mountOptions` holding `rro` turns on recursive read-only
+/// mounts). Only what holds for a container in the guest: no `user` namespace (nor
+/// idmap mounts), so the CRI never asks for user namespaces.
+pub fn features_json() -> String {
+    serde_json::json!({
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": "1.3.0",
+        "mountOptions": MOUNT_OPTIONS,
+        "linux": {
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "apparmor": {"enabled": false},
+            "selinux": {"enabled": false},
+        },
+    })
+    .to_string()
+}
+
+/// The `-info` answer: a `containerd.types.RuntimeInfo` (api/types/introspection.proto)
+/// naming the runtime and `version`, echoing the runtime options containerd wrote on
+/// stdin (an `Any`, as its runc shim does), with [`features_json`] as an `Any` of
+/// [`FEATURES_TYPE_URL`]. Encoded by hand: the message is not among the generated
+/// protos.
+pub fn runtime_info(name: &str, version: &str, options: &[u8]) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    fn bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+        varint(out, (field << 3) | 2);
+        varint(out, bytes.len() as u64);
+        out.extend_from_slice(bytes);
+    }
+    let mut ver = Vec::new();
+    bytes_field(&mut ver, 1, version.as_bytes());
+    let mut features = Vec::new();
+    bytes_field(&mut features, 1, FEATURES_TYPE_URL.as_bytes());
+    bytes_field(&mut features, 2, features_json().as_bytes());
+    let mut out = Vec::new();
+    bytes_field(&mut out, 1, name.as_bytes());
+    bytes_field(&mut out, 2, &ver);
+    // Only an Any with a type goes back (what containerd sent, byte for byte).
+    if Any::parse_from_bytes(options).is_ok_and(|a| !a.type_url.is_empty()) {
+        bytes_field(&mut out, 3, options);
+    }
+    bytes_field(&mut out, 4, &features);
+    out
+}
+
 /// A daemon spawned by start, ended by its pid unless released.
 struct Daemon {
     child: Option<Child>,
@@ -448,6 +535,80 @@ mod tests {
 
     fn config_path(p: &StartParams) -> Option<PathBuf> {
         crate::options::config_path_of(p.options.as_ref()?).unwrap()
+    }
+
+    /// `-info` as containerd 2.3.7 reads it (core/runtime/v2 `getRuntimeInfo`, then the
+    /// CRI's `introspectRuntimeFeatures`): these bytes were checked once against
+    /// containerd's own Go types (api/types.RuntimeInfo, typeurl with runtime-spec's
+    /// features.Features registered as in core/runtime/typeurl.go), which found "rro"
+    /// among mountOptions.
+    const GOLDEN_INFO_HEAD: &[u8] = b"\n\x15io.containerd.kata.v2\x12\x07\n\x050.1.0\"\xd0\x03\nCtypes.containerd.io/opencontainers/runtime-spec/1/features/Features\x12\x88\x03";
+    const GOLDEN_FEATURES: &str = r#"{"linux":{"apparmor":{"enabled":false},"namespaces":["cgroup","ipc","mount","network","pid","uts"],"selinux":{"enabled":false}},"mountOptions":["bind","dev","dirsync","exec","noatime","nodev","nodiratime","noexec","nosuid","private","rbind","relatime","ro","rprivate","rro","rshared","rslave","rw","shared","slave","strictatime","suid","sync"],"ociVersionMax":"1.3.0","ociVersionMin":"1.0.0"}"#;
+
+    /// The fields of a message, decoded generically (every field here is
+    /// length-delimited).
+    fn fields(mut b: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        fn varint(b: &mut &[u8]) -> u64 {
+            let (mut v, mut shift) = (0u64, 0);
+            loop {
+                let byte = b[0];
+                *b = &b[1..];
+                v |= u64::from(byte & 0x7f) << shift;
+                if byte < 0x80 {
+                    return v;
+                }
+                shift += 7;
+            }
+        }
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let key = varint(&mut b);
+            assert_eq!(key & 7, 2, "field {} is not length-delimited", key >> 3);
+            let len = varint(&mut b) as usize;
+            out.push((key >> 3, b[..len].to_vec()));
+            b = &b[len..];
+        }
+        out
+    }
+
+    #[test]
+    fn info_answers_the_runtime_features_containerd_reads_rro_from() {
+        let bytes = runtime_info("io.containerd.kata.v2", "0.1.0", &[]);
+        let mut golden = GOLDEN_INFO_HEAD.to_vec();
+        golden.extend_from_slice(GOLDEN_FEATURES.as_bytes());
+        assert_eq!(bytes, golden);
+
+        // RuntimeInfo: name (1), version (2), features (4, an Any).
+        let info = fields(&bytes);
+        assert_eq!(info[0], (1, b"io.containerd.kata.v2".to_vec()));
+        assert_eq!(fields(&info[1].1), vec![(1, b"0.1.0".to_vec())]);
+        assert_eq!(info[2].0, 4);
+        let any = Any::parse_from_bytes(&info[2].1).unwrap();
+        assert_eq!(any.type_url, FEATURES_TYPE_URL);
+        let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
+        let opts = features["mountOptions"].as_array().unwrap();
+        assert!(opts.iter().any(|o| o == "rro"), "{features}");
+        // No user namespace: the CRI must not ask for one (nor idmap mounts).
+        let ns = features["linux"]["namespaces"].as_array().unwrap();
+        assert!(!ns.iter().any(|n| n == "user"), "{features}");
+        assert!(features["linux"].get("mountExtensions").is_none());
+    }
+
+    #[test]
+    fn info_echoes_the_runtime_options_containerd_sent() {
+        let options = Any {
+            type_url: "runtimeoptions.v1.Options".into(),
+            value: b"\n\x0f/etc/kata.toml".to_vec(),
+            ..Default::default()
+        }
+        .write_to_bytes()
+        .unwrap();
+        let info = fields(&runtime_info("io.containerd.kata.v2", "0.1.0", &options));
+        assert_eq!(info[2], (3, options));
+        assert_eq!(info[3].0, 4);
+        // Bytes that are no Any are not echoed.
+        let info = fields(&runtime_info("io.containerd.kata.v2", "0.1.0", b"\xff\xff"));
+        assert_eq!(info.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1, 2, 4]);
     }
 
     #[test]

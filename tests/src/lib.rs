@@ -10,6 +10,7 @@
 
 mod background;
 mod cri;
+mod debug_shell;
 mod host;
 mod probe;
 mod runtime_config;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 pub use background::Background;
 pub use cri::*;
+pub use debug_shell::{debug_shell, finish_shell, kata_runtime};
 pub use host::*;
 pub use probe::StaticProbe;
 pub use runtime_config::{toml_str, Backend, RuntimeConfig};

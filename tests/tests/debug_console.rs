@@ -5,10 +5,7 @@
 //! `kata-runtime` comes from `KATA_TEST_SHIM_DIR` (`make build` puts it next to the shim).
 //! The shell is the debug initrd's busybox (`make initrd` builds it beside the plain one).
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e_tests::*;
 
@@ -19,97 +16,6 @@ const SCRIPT: &str = "echo hello-from-guest; cat /proc/1/cmdline; echo; echo uid
 const CONSOLE_PORT: u32 = 1026;
 /// How long one `kata-runtime exec` may take, shell included.
 const EXEC_LIMIT: Duration = Duration::from_secs(60);
-
-fn kata_runtime() -> PathBuf {
-    let dir = std::env::var("KATA_TEST_SHIM_DIR")
-        .expect("KATA_TEST_SHIM_DIR is not set: run the end-to-end tests with `make test`");
-    let bin = Path::new(&dir).join("kata-runtime");
-    assert!(
-        bin.is_file(),
-        "{} does not exist: build it with `make runtime`",
-        bin.display()
-    );
-    bin
-}
-
-/// A running `kata-runtime exec`, killed by its pid if the test ends before it does.
-struct ExecRun {
-    child: Option<Child>,
-}
-
-impl ExecRun {
-    fn start(id: &str, stdin: &str) -> ExecRun {
-        let mut child = Command::new(kata_runtime())
-            .args(["exec", id])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kata-runtime exec");
-        // Small enough for the pipe: written at once, closed (the end of input).
-        let mut pipe = child.stdin.take().expect("stdin pipe");
-        match pipe.write_all(stdin.as_bytes()) {
-            Ok(()) => {}
-            // A refusing kata-runtime may exit before it reads its input.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-            Err(e) => panic!("write kata-runtime exec's stdin: {e}"),
-        }
-        drop(pipe);
-        ExecRun { child: Some(child) }
-    }
-
-    /// Waits until it exits, at most [`EXEC_LIMIT`]; the output, or what hung.
-    fn finish(mut self) -> Output {
-        let mut child = self.child.take().expect("a running child");
-        let (mut out, mut err) = (
-            child.stdout.take().expect("stdout pipe"),
-            child.stderr.take().expect("stderr pipe"),
-        );
-        let readers = (
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = out.read_to_end(&mut v);
-                v
-            }),
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = err.read_to_end(&mut v);
-                v
-            }),
-        );
-        let deadline = Instant::now() + EXEC_LIMIT;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait for kata-runtime exec") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                signal(child.id() as i32, nix::sys::signal::Signal::SIGKILL);
-                let _ = child.wait();
-                let stdout = readers.0.join().unwrap_or_default();
-                panic!(
-                    "kata-runtime exec did not end within {} s; output so far: {:?}",
-                    EXEC_LIMIT.as_secs(),
-                    String::from_utf8_lossy(&stdout)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        Output {
-            status,
-            stdout: readers.0.join().unwrap_or_default(),
-            stderr: readers.1.join().unwrap_or_default(),
-        }
-    }
-}
-
-impl Drop for ExecRun {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            signal(child.id() as i32, nix::sys::signal::Signal::SIGKILL);
-            let _ = child.wait();
-        }
-    }
-}
 
 /// The terminal's lines, without carriage returns.
 fn lines(text: &str) -> Vec<String> {
@@ -129,7 +35,7 @@ fn exec_opens_a_root_shell_in_the_guest() {
     let c = Containerd::start_configured("dbgcon-on", &config);
     start_detached(&c, id, &[], &["sleep", "600"]);
 
-    let out = ExecRun::start(id, SCRIPT).finish();
+    let out = finish_shell(debug_shell(id, SCRIPT), EXEC_LIMIT);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("kata-runtime exec printed:\n{text}");
     assert!(
@@ -171,7 +77,7 @@ fn exec_without_the_console_says_how_to_turn_it_on() {
     let c = Containerd::start("dbgcon-off");
     start_detached(&c, id, &[], &["sleep", "600"]);
 
-    let out = ExecRun::start(id, SCRIPT).finish();
+    let out = finish_shell(debug_shell(id, SCRIPT), EXEC_LIMIT);
     let err = stderr(&out);
     assert_eq!(
         out.status.code(),
@@ -189,7 +95,7 @@ fn exec_without_the_console_says_how_to_turn_it_on() {
     assert!(stdout(&out).is_empty(), "{:?}", stdout(&out));
 
     // A sandbox that does not exist is told apart.
-    let out = ExecRun::start("dbgcon-nosuch", "exit\n").finish();
+    let out = finish_shell(debug_shell("dbgcon-nosuch", "exit\n"), EXEC_LIMIT);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("no sandbox \"dbgcon-nosuch\""),
@@ -285,7 +191,7 @@ fn a_container_cannot_reach_the_console() {
     }
 
     // Positive control: the host does get the shell.
-    let out = ExecRun::start(id, "echo host-$((40+2)); exit\n").finish();
+    let out = finish_shell(debug_shell(id, "echo host-$((40+2)); exit\n"), EXEC_LIMIT);
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::thread::JoinHandle;
 
 use kvm_ioctls::IoEventAddress;
@@ -36,7 +36,7 @@ use crate::devices::virtio::notifier::{NotifierError, QueueNotifier};
 use crate::devices::virtio::rng::RngDevice;
 use crate::devices::virtio::vsock::VsockMmioDevice;
 use crate::logger::log;
-use crate::seccomp::{self, ThreadKind};
+use crate::seccomp::{self, Filter, SeccompError};
 use crate::signals::{StopSignals, Wake};
 use crate::vstate::exit::{ExitEvent, ExitReason};
 use crate::vstate::memory::{create_guest_memory, MemoryError};
@@ -128,6 +128,9 @@ pub enum BuildError {
         /// What went wrong, and what to do.
         reason: String,
     },
+    /// A seccomp filter could not be built or installed: the VM does not run unfiltered.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
     /// An OS call failed.
     #[error("Cannot {what}: {source}")]
     Os {
@@ -166,8 +169,22 @@ fn open(path: &Path) -> Result<File, BuildError> {
     })
 }
 
-fn serial_output(path: Option<&Path>) -> Result<Box<dyn Write + Send>, BuildError> {
-    match path {
+fn serial_output(config: &VmConfig) -> Result<Box<dyn Write + Send>, BuildError> {
+    if let Some(fd) = config.serial_fd {
+        // SAFETY: F_GETFD only reads the descriptor table.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(BuildError::Open {
+                path: PathBuf::from(format!("the inherited descriptor {fd} (serial_fd)")),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `fd` is open (checked above) and was passed to this process for the
+        // serial output alone (vmm.json's `serial_fd`); nothing else here owns it.
+        return Ok(Box::new(unsafe {
+            <File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }));
+    }
+    match config.serial_log.as_deref() {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -292,7 +309,7 @@ impl Vmm {
                 what: "the serial irqfd".into(),
                 source,
             })?;
-        let serial = SerialDevice::new(serial_irq, serial_output(config.serial_log.as_deref())?);
+        let serial = SerialDevice::new(serial_irq, serial_output(config)?);
         io_bus.insert(
             Arc::new(Mutex::new(serial)),
             u64::from(SERIAL_PORT_BASE),
@@ -439,6 +456,12 @@ impl Vmm {
             ready_file,
             cmdline: _,
         } = self;
+        if !seccomp {
+            log(
+                "warn",
+                "seccomp is off (\"seccomp\": false in vmm.json): the VMM's threads run unfiltered",
+            );
+        }
         let signals = StopSignals::block()?;
         install_kick_handler().map_err(os_err("install the vCPU kick handler"))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -450,32 +473,64 @@ impl Vmm {
             cpu_count: vcpus.len() as u8,
         };
 
+        // Each thread installs its filter first thing and says whether it could; the vCPUs
+        // then wait at `go` until the main thread is filtered too, so the guest never runs
+        // while a thread of ours is unfiltered. A filter that fails ends the VMM.
+        let (confined_tx, confined_rx) = mpsc::channel::<Result<(), SeccompError>>();
+        let go = Arc::new(Barrier::new(vcpus.len() + 1));
+        let confined = confined_tx.clone();
         std::thread::Builder::new()
             .name("kata-vmm-dev".into())
             .spawn(move || {
-                confine(seccomp, ThreadKind::Device);
-                let e = notifier.run();
-                log("error", &e.to_string());
+                let result = confine(seccomp, Filter::Device);
+                let ok = result.is_ok();
+                let _ = confined.send(result);
+                if ok {
+                    let e = notifier.run();
+                    log("error", &e.to_string());
+                }
             })
             .map_err(os_err("start the device thread"))?;
 
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         for (mut vcpu, _, _) in vcpus {
             let ctx = ctx.clone();
+            let confined = confined_tx.clone();
+            let go = go.clone();
             let name = format!("kata-vmm-vcpu{}", vcpu.id());
             let handle = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || {
-                    confine(seccomp, ThreadKind::Vcpu);
-                    vcpu.run(&ctx);
+                    let result = confine(seccomp, Filter::Vcpu);
+                    let ok = result.is_ok();
+                    let _ = confined.send(result);
+                    if ok {
+                        go.wait();
+                        vcpu.run(&ctx);
+                    }
                 })
                 .map_err(os_err("start a vCPU thread"))?;
             threads.push(handle);
+        }
+        drop(confined_tx);
+        for _ in 0..=threads.len() {
+            confined_rx.recv().map_err(|_| BuildError::Os {
+                what: "start the VM's threads",
+                source: std::io::Error::other("a thread ended before it was confined"),
+            })??;
         }
         if let Some(path) = &ready_file {
             std::fs::write(path, format!("{}\n", std::process::id()))
                 .map_err(os_err("write the ready file"))?;
         }
+        // Nothing is opened from here on.
+        if let Err(e) = confine(seccomp, Filter::VmmMain) {
+            if let Some(path) = &ready_file {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e.into());
+        }
+        go.wait();
         log("info", "the VM is running");
 
         let reason = loop {
@@ -504,13 +559,12 @@ impl Vmm {
     }
 }
 
-fn confine(enabled: bool, kind: ThreadKind) {
-    if !enabled {
-        return;
+/// Installs `filter` on the calling thread unless vmm.json turned seccomp off.
+fn confine(enabled: bool, filter: Filter) -> Result<(), SeccompError> {
+    if enabled {
+        seccomp::apply(filter)?;
     }
-    if let Err(e) = seccomp::apply(kind) {
-        log("warn", &format!("{e}; running this thread without seccomp"));
-    }
+    Ok(())
 }
 
 fn kick_all(threads: &[JoinHandle<()>]) {

@@ -3,6 +3,8 @@
 //! The guests are a few thousand instructions at most: an emulated KVM runs about a million
 //! instructions per second. Deadlines are generous; timings are never asserted.
 
+#[path = "support/confinement.rs"]
+mod confinement;
 mod guests;
 
 use std::path::{Path, PathBuf};
@@ -362,6 +364,8 @@ fn vsock_socket_accepts_connections_while_the_guest_runs() {
         "stderr: {}",
         vmm.stderr()
     );
+    // Every thread runs filtered, the main thread too: main, device, vCPU.
+    confinement::assert_every_thread_filtered(vmm.child.id(), 3);
 }
 
 #[test]

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use hypervisor::test_skip::skipped;
 
+#[path = "support/confinement.rs"]
+mod confinement;
+
 const GUEST_INIT_C: &str = r#"
 #include <stdio.h>
 #include <string.h>
@@ -211,6 +214,8 @@ fn echo_through_qemu_including_an_early_connect() {
     let backend_log = fs::File::create(dir.path().join("kata-vsock.log")).expect("log");
     let program = std::env::var_os("KATA_VSOCK_TEST_BACKEND")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_kata-vsock").into());
+    // Ours (the default, or a release build of it named so): its confinement is checked.
+    let ours = Path::new(&program).file_name() == Some(std::ffi::OsStr::new("kata-vsock"));
     let backend = Command::new(program)
         .arg("--vm")
         .arg(format!(
@@ -223,7 +228,7 @@ fn echo_through_qemu_including_an_early_connect() {
         .stderr(backend_log)
         .spawn()
         .expect("start kata-vsock");
-    let _backend = Reaper(backend);
+    let mut backend = Reaper(backend);
     wait_for("kata-vsock's sockets", Duration::from_secs(30), || {
         vhost_sock.exists() && uds.exists()
     });
@@ -253,7 +258,7 @@ fn echo_through_qemu_including_an_early_connect() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start qemu");
-    let _vm = Reaper(vm);
+    let mut vm = Reaper(vm);
 
     // The early request: sent before the guest kernel has even started its vsock driver.
     // It must be answered (refused while nobody listens, or accepted), never dropped.
@@ -342,4 +347,27 @@ fn echo_through_qemu_including_an_early_connect() {
         bulk_mib,
         bulk as f64 / secs / 1e6
     );
+
+    if ours {
+        // All of that ran under kata-vsock's seccomp filter, on every thread; when QEMU
+        // goes, kata-vsock exits 0 (its way out is inside the filter too).
+        confinement::assert_every_thread_filtered(backend.0.id(), 3);
+        vm.0.kill().expect("stop qemu");
+        vm.0.wait().expect("reap qemu");
+        let mut status = None;
+        wait_for(
+            "kata-vsock's exit after QEMU",
+            Duration::from_secs(30),
+            || {
+                status = backend.0.try_wait().expect("try_wait");
+                status.is_some()
+            },
+        );
+        let log = fs::read_to_string(dir.path().join("kata-vsock.log")).unwrap_or_default();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "kata-vsock ended with {status:?}: {log}"
+        );
+    }
 }

@@ -61,29 +61,67 @@ pub struct AccelChoice {
     pub reason: String,
 }
 
-/// Resolves the configured accelerator; `auto` probes (or reads the cache). Blocks for
-/// at most about [`PROBE_DEADLINE`] plus the time to interrupt the probe.
-pub fn choose(configured: Accelerator, logger: &Logger) -> AccelChoice {
-    let choice = match configured {
-        Accelerator::Kvm => AccelChoice {
-            accel: Accel::Kvm,
-            reason: "configured as kvm".into(),
-        },
-        Accelerator::Tcg => AccelChoice {
-            accel: Accel::Tcg,
-            reason: "configured as tcg".into(),
-        },
-        Accelerator::Auto => choose_auto(Path::new(PROBE_CACHE), logger),
-    };
+/// What QEMU's security policy says of TCG, for the shim's log and `kata-runtime check`.
+pub const TCG_IS_NOT_A_BOUNDARY: &str = "under TCG, QEMU's emulator, the VM is not an \
+isolation boundary (QEMU's security policy gives TCG no security guarantee): a guest that \
+exploits a bug in QEMU's emulation runs code as QEMU on this host; do not run untrusted \
+workloads without KVM";
+
+/// Resolves the configured accelerator; `auto` probes (or reads the cache), and so does
+/// `kvm`, which is refused where KVM cannot run guests at full speed: the sandbox would
+/// not boot, and `kvm` is what users set so as never to run under TCG. Blocks for at most
+/// about [`PROBE_DEADLINE`] plus the time to interrupt the probe.
+pub fn choose(configured: Accelerator, logger: &Logger) -> Result<AccelChoice, String> {
+    let cache = Path::new(PROBE_CACHE);
+    let choice = choose_with(configured, || cached_verdict(cache, logger))?;
     info!(logger, "accelerator chosen"; "accelerator" => choice.accel.as_str(), "reason" => &choice.reason);
-    choice
+    if choice.accel == Accel::Tcg {
+        warn!(logger, "{TCG_IS_NOT_A_BOUNDARY}");
+    }
+    Ok(choice)
 }
 
-fn choose_auto(cache: &Path, logger: &Logger) -> AccelChoice {
-    if let Some(cached) = boot_id().and_then(|id| read_cache(cache, &id)) {
-        return accel_for(&cached, " (cached for this boot)");
+fn choose_with(
+    configured: Accelerator,
+    verdict: impl FnOnce() -> (KvmVerdict, &'static str),
+) -> Result<AccelChoice, String> {
+    match configured {
+        Accelerator::Tcg => Ok(AccelChoice {
+            accel: Accel::Tcg,
+            reason: "configured as tcg".into(),
+        }),
+        Accelerator::Auto => {
+            let (verdict, note) = verdict();
+            Ok(accel_for(&verdict, note))
+        }
+        Accelerator::Kvm => {
+            let (verdict, note) = verdict();
+            match accel_for(&verdict, note) {
+                AccelChoice {
+                    accel: Accel::Kvm, ..
+                } => Ok(AccelChoice {
+                    accel: Accel::Kvm,
+                    reason: "configured as kvm".into(),
+                }),
+                AccelChoice { reason, .. } => Err(format!(
+                    "accelerator = \"kvm\" is configured but {}; the sandbox is not started \
+                     under TCG instead, which is not an isolation boundary: make KVM usable \
+                     (`kata-runtime check` says how), or set accelerator = \"auto\" to accept \
+                     TCG where KVM is missing",
+                    reason.trim_start_matches("auto: ")
+                )),
+            }
+        }
     }
-    accel_for(&probe_and_remember(cache, logger), "")
+}
+
+/// The verdict for this boot (cached, else a fresh probe), and a note on where it came
+/// from.
+fn cached_verdict(cache: &Path, logger: &Logger) -> (KvmVerdict, &'static str) {
+    match boot_id().and_then(|id| read_cache(cache, &id)) {
+        Some(cached) => (cached, " (cached for this boot)"),
+        None => (probe_and_remember(cache, logger), ""),
+    }
 }
 
 /// KVM on a full-speed verdict, else TCG, with the verdict as the reason.
@@ -176,10 +214,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn explicit_choices_skip_the_probe() {
-        let log = crate::discard_logger();
-        assert_eq!(choose(Accelerator::Tcg, &log).accel, Accel::Tcg);
-        assert_eq!(choose(Accelerator::Kvm, &log).accel, Accel::Kvm);
+    fn tcg_skips_the_probe_and_kvm_needs_a_full_speed_verdict() {
+        let no_probe = || -> (KvmVerdict, &'static str) { panic!("probed") };
+        assert_eq!(
+            choose_with(Accelerator::Tcg, no_probe).unwrap().accel,
+            Accel::Tcg
+        );
+        let full = || (KvmVerdict::FullSpeed { rate: 2e9 }, "");
+        assert_eq!(
+            choose_with(Accelerator::Kvm, full).unwrap().accel,
+            Accel::Kvm
+        );
+        let missing = || {
+            let reason = "/dev/kvm does not exist.".into();
+            (KvmVerdict::Unusable { reason }, "")
+        };
+        let err = choose_with(Accelerator::Kvm, missing).unwrap_err();
+        assert!(err.contains("/dev/kvm does not exist"), "{err}");
+        assert!(err.contains("not started under TCG"), "{err}");
+        assert!(err.contains("accelerator = \"auto\""), "{err}");
+        let slow = || {
+            let reason = "emulated.".into();
+            (
+                KvmVerdict::Slow {
+                    rate: 1.3e6,
+                    reason,
+                },
+                "",
+            )
+        };
+        assert!(choose_with(Accelerator::Kvm, slow).is_err());
+        assert_eq!(
+            choose_with(Accelerator::Auto, slow).unwrap().accel,
+            Accel::Tcg
+        );
     }
 
     #[test]
@@ -220,9 +288,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("accel-probe");
         let log = crate::discard_logger();
-        let first = choose_auto(&cache, &log);
+        let first = choose_with(Accelerator::Auto, || cached_verdict(&cache, &log)).unwrap();
         eprintln!("probe verdict: {} ({})", first.accel, first.reason);
-        let second = choose_auto(&cache, &log);
+        let second = choose_with(Accelerator::Auto, || cached_verdict(&cache, &log)).unwrap();
         assert_eq!(first.accel, second.accel);
         if boot_id().is_some() {
             assert!(second.reason.contains("cached"), "{}", second.reason);

@@ -21,12 +21,14 @@ use kata_config::BuiltinConfig;
 use slog::{info, o, Logger};
 
 use crate::accel::{self, Accel};
+use crate::console::{self, CONSOLE_FD, CONSOLE_LOG_CAP};
+use crate::jail::{self, DevNode, Jail, ReadOnlyFile, SandboxIds};
 use crate::process::{
     exit_description, live_helpers, remove_files, stop_started, Daemon, Place, RunningVm, POLL,
 };
 use crate::virtiofsd::{log_command, FsFiles, Shares};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
-use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
+use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 pub mod vmm_json;
 
@@ -48,7 +50,7 @@ pub struct BuiltinLayout {
     pub ready_file: PathBuf,
     /// Hybrid vsock socket the shim dials the agent on.
     pub agent_socket: PathBuf,
-    /// The guest's serial console.
+    /// The guest's serial console, as the shim keeps it (bounded: see `crate::console`).
     pub console_log: PathBuf,
     /// kata-vmm's own stdout and stderr (JSON lines).
     pub vmm_log: PathBuf,
@@ -84,7 +86,11 @@ impl BuiltinLayout {
 /// The guest kernel command line.
 pub fn kernel_cmdline(config: &BuiltinConfig, debug: bool) -> String {
     let mut cmdline = BASE_KERNEL_PARAMS.to_string();
-    if !debug {
+    if debug {
+        // The agent logs everything, unthrottled (by default: warnings, rate-limited).
+        cmdline.push(' ');
+        cmdline.push_str(AGENT_DEBUG_LOG);
+    } else {
         cmdline.push_str(" quiet");
     }
     if config.rootfs_share().is_some() {
@@ -123,7 +129,9 @@ pub fn vmm_config(
         cmdline: kernel_cmdline(config, debug),
         vcpus,
         memory_mib: config.default_memory.into(),
-        serial_log: Some(layout.console_log.clone()),
+        // The shim reads the console into `layout.console_log` (see `crate::console`).
+        serial_log: None,
+        serial_fd: Some(CONSOLE_FD),
         vsock: Some(vmm_json::VsockConfig {
             guest_cid: GUEST_CID.into(),
             uds_path: layout.agent_socket.clone(),
@@ -174,6 +182,8 @@ pub struct Builtin {
     config: BuiltinConfig,
     logger: Logger,
     running: Option<RunningVm>,
+    /// The uid and gid kata-vmm runs as, claimed while the VM runs.
+    ids: Option<SandboxIds>,
     /// Refuse to start where KVM cannot run guests at full speed (off only in tests, which
     /// boot tiny guests on an emulated KVM).
     require_full_speed: bool,
@@ -185,6 +195,7 @@ impl Builtin {
             config,
             logger: logger.new(o!("hypervisor" => "builtin")),
             running: None,
+            ids: None,
             require_full_speed: true,
         }
     }
@@ -215,7 +226,8 @@ impl Builtin {
             accel::choose(kata_config::Accelerator::Auto, &logger)
         })
         .await
-        .map_err(|e| Error::Unsupported(format!("the KVM probe failed: {e}")))?;
+        .map_err(|e| Error::Unsupported(format!("the KVM probe failed: {e}")))?
+        .map_err(Error::Unsupported)?;
         if choice.accel == Accel::Kvm {
             return Ok(());
         }
@@ -236,6 +248,9 @@ impl Builtin {
     ) -> Result<i32, Error> {
         // kata-vmm runs in the pod's network namespace, where it opens its taps by name.
         let place = Place::new(cfg, true)?;
+        if let Some(ids) = &self.ids {
+            jail::own_run_dir(&cfg.run_dir, ids)?;
+        }
         let (mut share_pids, mut rootfs_pids) = (Vec::new(), Vec::new());
         let shares = Shares {
             program: &self.config.virtio_fs_daemon,
@@ -253,13 +268,50 @@ impl Builtin {
         started.extend(share_pids);
         started.extend(rootfs_pids);
         shares?;
-        write_vmm_config(
-            &layout.config,
-            &vmm_config(&self.config, layout, cfg.debug, &cfg.net)?,
-        )?;
+        let mut vmm = vmm_config(&self.config, layout, cfg.debug, &cfg.net)?;
+        // Kept open until kata-vmm has started: it opens them through the descriptors.
+        let mut files = Vec::new();
+        let mut jail = None;
+        // Confined, it runs by its real path, which its minimal root holds.
+        let mut program = self.config.path.clone();
+        if let Some(ids) = &self.ids {
+            program = jail::real_path(&self.config.path)?;
+            // virtiofsd (root) made them; kata-vmm connects as the sandbox's uid.
+            let sockets: Vec<&Path> = vmm.fs.iter().map(|fs| fs.socket.as_path()).collect();
+            jail::hand_over(&sockets, ids)?;
+            let kernel = ReadOnlyFile::open("kernel", &self.config.kernel)?;
+            let initrd = ReadOnlyFile::open("initrd", &self.config.initrd)?;
+            vmm.kernel = jail::fd_path(jail::KERNEL_FD);
+            vmm.initrd = Some(jail::fd_path(jail::INITRD_FD));
+            files.push((kernel, jail::KERNEL_FD));
+            files.push((initrd, jail::INITRD_FD));
+            // kata-vmm attaches to its taps by name, as their owner.
+            let mut devices = vec![DevNode::Kvm];
+            if let Some(netns) = &cfg.netns {
+                for nic in &cfg.net {
+                    jail::own_tap(netns, &nic.tap, ids)?;
+                }
+                if !cfg.net.is_empty() {
+                    devices.push(DevNode::Tun);
+                }
+            }
+            jail = Some(Jail::new(ids, &devices, false)?.with_root(&program, &[&cfg.run_dir])?);
+        }
+        write_vmm_config(&layout.config, &vmm)?;
+        // The console's reader ends once kata-vmm has exited and this launch's copies of
+        // the pipe (in `place`) are dropped.
+        let mut place = place;
+        place.pass_fd(
+            console::start(&layout.console_log, CONSOLE_LOG_CAP, &self.logger)?,
+            CONSOLE_FD,
+        );
+        for (file, target) in &files {
+            file.pass_to(&mut place, *target);
+        }
+        let place = place.jailed(jail);
         let daemon = Daemon {
             step: "kata-vmm",
-            program: &self.config.path,
+            program: &program,
             args: vec!["--config".into(), layout.config.display().to_string()],
             env: Vec::new(),
             log: layout.vmm_log.clone(),
@@ -268,6 +320,7 @@ impl Builtin {
         log_command(&self.logger, &daemon);
         let pid = daemon.spawn()?;
         started.push(pid);
+        drop(files);
         wait_ready(&daemon, pid, layout).await?;
         Ok(pid)
     }
@@ -307,6 +360,9 @@ impl Hypervisor for Builtin {
         let started_at = Instant::now();
         let layout = BuiltinLayout::new(&cfg.run_dir);
         remove_files(layout.stale_files())?;
+        if self.config.host_processes.sandboxed && self.ids.is_none() {
+            self.ids = Some(jail::claim_async(self.config.host_processes, &cfg.sandbox_id).await?);
+        }
         let mut started = Vec::new();
         match self.launch(cfg, &layout, &mut started).await {
             Ok(pid) => {
@@ -331,16 +387,26 @@ impl Hypervisor for Builtin {
             }
             Err(e) => {
                 stop_started(&self.logger, &e, started, layout.stale_files()).await;
+                if let Some(ids) = self.ids.take() {
+                    ids.release();
+                }
                 Err(e)
             }
         }
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
-        match self.running.take() {
+        let stopped = match self.running.take() {
             Some(running) => running.stop(&self.logger).await,
             None => Ok(()),
+        };
+        // While a process survives as the uid, the id stays claimed.
+        if stopped.is_ok() {
+            if let Some(ids) = self.ids.take() {
+                ids.release();
+            }
         }
+        stopped
     }
 
     fn pids(&self) -> Vec<i32> {

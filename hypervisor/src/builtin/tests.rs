@@ -1,3 +1,4 @@
+use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
 use super::*;
@@ -22,6 +23,11 @@ fn config(dir: &Path) -> BuiltinConfig {
             .unwrap_or_else(|| PathBuf::from("/usr/local/bin/virtiofsd")),
         virtio_fs_cache: kata_config::VirtioFsCache::Auto,
         virtio_fs_rootfs_cache: kata_config::VirtioFsCache::Always,
+        host_processes: kata_config::HostProcesses {
+            sandboxed: true,
+            uid_start: kata_config::HOST_UID_START,
+            uid_count: kata_config::HOST_UID_COUNT,
+        },
     }
 }
 
@@ -39,7 +45,9 @@ fn cmdline_and_vmm_json() {
     assert_eq!(json["kernel"], "/run/vc/sb1/vmlinux");
     assert_eq!(json["vcpus"], 1);
     assert_eq!(json["memory_mib"], 128);
-    assert_eq!(json["serial_log"], "/run/vc/sb1/console.log");
+    // The console goes to the shim's pipe, which it reads into console.log.
+    assert_eq!(json["serial_log"], serde_json::Value::Null);
+    assert_eq!(json["serial_fd"], 3);
     assert_eq!(json["vsock"]["guest_cid"], 3);
     assert_eq!(json["vsock"]["uds_path"], "/run/vc/sb1/kata.hvsock");
     assert_eq!(json["ready_file"], "/run/vc/sb1/vmm.ready");
@@ -48,6 +56,10 @@ fn cmdline_and_vmm_json() {
     assert_eq!(json["fs"][1]["socket"], "/run/vc/sb1/virtiofsd-rootfs.sock");
     assert_eq!(json["fs"][1]["tag"], "kataRootfs");
     assert!(!json["cmdline"].as_str().unwrap().contains("quiet"));
+    assert!(json["cmdline"]
+        .as_str()
+        .unwrap()
+        .contains(protocols::AGENT_DEBUG_LOG));
 }
 
 /// One cache policy for volumes and root filesystems: one virtio-fs device, and no word
@@ -100,9 +112,27 @@ fn kata_vmm() -> Option<PathBuf> {
 
 /// A guest that spins forever: a 64-bit ELF entered at 1 MiB.
 fn spin_guest(dir: &Path) -> Option<PathBuf> {
-    let src = dir.join("spin.S");
-    std::fs::write(&src, ".code64\n.globl _start\n_start: jmp _start\n").ok()?;
-    let obj = dir.join("spin.o");
+    guest(dir, ".code64\n.globl _start\n_start: jmp _start\n")
+}
+
+/// What [`serial_guest`] writes to COM1.
+const SERIAL_MARKER: &str = "kata-serial-marker";
+
+/// A guest that writes [`SERIAL_MARKER`] and a newline to COM1, then spins.
+fn serial_guest(dir: &Path) -> Option<PathBuf> {
+    let src = format!(
+        ".code64\n.globl _start\n_start:\n lea msg(%rip), %rsi\n mov $0x3f8, %dx\n\
+         1: movb (%rsi), %al\n test %al, %al\n jz 2f\n out %al, %dx\n inc %rsi\n jmp 1b\n\
+         2: jmp 2b\nmsg: .asciz \"{SERIAL_MARKER}\\n\"\n"
+    );
+    guest(dir, &src)
+}
+
+/// `source` (x86-64 assembly with `_start`) as a 64-bit ELF entered at 1 MiB.
+fn guest(dir: &Path, source: &str) -> Option<PathBuf> {
+    let src = dir.join("guest.S");
+    std::fs::write(&src, source).ok()?;
+    let obj = dir.join("guest.o");
     let elf = dir.join("vmlinux");
     let ok = Command::new("as")
         .args(["--64", "-o"])
@@ -171,6 +201,28 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     for pid in &pids {
         assert!(crate::process::is_running(*pid));
     }
+    // kata-vmm runs as the sandbox's uid, without privileges, with /dev/kvm its own.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", info.vmm_pid)).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let uid = field("Uid")[0].parse::<u32>().unwrap();
+    assert!(uid >= kata_config::HOST_UID_START, "{status}");
+    assert_eq!(field("Uid"), [uid.to_string().as_str(); 4], "{status}");
+    assert_eq!(field("CapEff"), ["0000000000000000"], "{status}");
+    assert_eq!(field("CapBnd"), ["0000000000000000"], "{status}");
+    assert_eq!(field("NoNewPrivs"), ["1"], "{status}");
+    let kvm = std::fs::metadata(format!("/proc/{}/root/dev/kvm", info.vmm_pid)).unwrap();
+    assert_eq!((kvm.uid(), kvm.mode() & 0o777), (uid, 0o600));
+    let run = std::fs::metadata(&vm.run_dir).unwrap();
+    assert_eq!((run.uid(), run.mode() & 0o777), (uid, 0o700));
+    let claim = Path::new(crate::jail::ID_CLAIMS_DIR).join(uid.to_string());
+    assert!(claim.exists());
     assert!(matches!(
         backend.start_vm(&vm).await,
         Err(Error::AlreadyRunning(_))
@@ -181,7 +233,41 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     }
     assert!(backend.pids().is_empty());
     assert!(!info.agent_socket.exists());
+    assert!(!claim.exists(), "the uid is given back at stop");
     backend.stop_vm().await.unwrap();
+}
+
+/// kata-vmm writes the serial console to the shim's pipe, which the shim keeps in
+/// console.log (bounded: see `crate::console`).
+#[tokio::test]
+async fn the_serial_console_reaches_console_log() {
+    let Some(vmm) = kata_vmm() else {
+        skipped("needs kata-vmm built (cargo build -p vmm)");
+        return;
+    };
+    if !Path::new("/dev/kvm").exists() {
+        skipped("needs /dev/kvm");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(kernel) = serial_guest(dir.path()) else {
+        skipped("needs binutils (as, ld)");
+        return;
+    };
+    std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
+    let (mut backend, vm) = backend_in(dir.path(), vmm, kernel);
+    let info = backend.start_vm(&vm).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = String::new();
+    while std::time::Instant::now() < deadline {
+        seen = std::fs::read_to_string(&info.console_log).unwrap_or_default();
+        if seen.contains(SERIAL_MARKER) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    backend.stop_vm().await.unwrap();
+    assert_eq!(seen, format!("{SERIAL_MARKER}\n"));
 }
 
 #[tokio::test]

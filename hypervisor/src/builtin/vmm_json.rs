@@ -111,6 +111,10 @@ pub struct VmConfig {
     /// Where the serial console's output goes; none = discarded.
     #[serde(default)]
     pub serial_log: Option<PathBuf>,
+    /// An inherited descriptor (a pipe's write end) the serial console's output goes to,
+    /// instead of `serial_log`; the builtin backend's shim reads it into a bounded log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_fd: Option<i32>,
     /// The hybrid vsock device.
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
@@ -175,6 +179,13 @@ impl VmConfig {
                 "memory_mib is {}, expected 2 to 1048576",
                 self.memory_mib
             )));
+        }
+        if let Some(fd) = self.serial_fd {
+            if fd < 3 {
+                return Err(ConfigError::Invalid(format!(
+                    "serial_fd is {fd}, expected an inherited descriptor, 3 or more"
+                )));
+            }
         }
         if let Some(vsock) = &self.vsock {
             if vsock.guest_cid < 3 {

@@ -7,8 +7,10 @@ use kata_config::QemuConfig;
 
 use super::layout::RunDirLayout;
 use crate::accel::Accel;
+use crate::console::CONSOLE_FD;
+use crate::jail::{fd_path, FIRST_TAP_FD, INITRD_FD, KERNEL_FD};
 use crate::SHARED_FS_TAG;
-use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
+use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 /// The guest kernel command line before the user's `kernel_params`. `reboot=t` with
 /// `-no-reboot` makes a guest reboot (or panic, with `panic=-1`) end QEMU.
@@ -60,7 +62,17 @@ pub struct QemuLaunch<'a> {
     pub net: &'a [crate::NetDevice],
     /// Under TCG, the words that give the guest its clock (see `accel::tsc`).
     pub tcg_clock: Option<&'a str>,
+    /// QEMU runs confined (see `crate::jail`): with its seccomp sandbox, the kernel and
+    /// initrd on descriptors [`KERNEL_FD`] and [`INITRD_FD`], NIC `i`'s tap on
+    /// [`FIRST_TAP_FD`]` + i`.
+    pub confined: bool,
 }
+
+/// QEMU's seccomp filter: no obsolete system calls, no privilege changes, no new
+/// processes or programs (a QMP `migrate` to `exec:` fails), no scheduler or resource
+/// changes.
+pub const QEMU_SANDBOX: &str =
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
 /// Added under TCG. TCG caches translated guest code by physical page and notices only
 /// writes made through QEMU itself; virtiofsd fills guest page-cache pages through its
@@ -93,7 +105,11 @@ pub fn kernel_cmdline(
     tcg_clock: Option<&str>,
 ) -> String {
     let mut cmdline = BASE_KERNEL_PARAMS.to_string();
-    if !debug {
+    if debug {
+        // The agent logs everything, unthrottled (by default: warnings, rate-limited).
+        cmdline.push(' ');
+        cmdline.push_str(AGENT_DEBUG_LOG);
+    } else {
         cmdline.push_str(" quiet");
     }
     if accel == Accel::Tcg {
@@ -130,7 +146,8 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         // The RTC stays: without it the guest's clock starts at 1970 (under TCG nothing
         // else gives it the date), and its kernel waits about 1 s at boot for the missing
         // CMOS to leave its update cycle.
-        "microvm,acpi=off,x-option-roms=off,memory-backend=mem".into(),
+        // No guest memory in QEMU's core dumps.
+        "microvm,acpi=off,x-option-roms=off,memory-backend=mem,dump-guest-core=off".into(),
         "-accel".into(),
         accel,
         "-cpu".into(),
@@ -147,13 +164,26 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         "-nographic".into(),
         "-no-reboot".into(),
         "-kernel".into(),
-        path(&l.config.kernel),
+        if l.confined {
+            path(&fd_path(KERNEL_FD))
+        } else {
+            path(&l.config.kernel)
+        },
         "-initrd".into(),
-        path(&l.config.initrd),
+        if l.confined {
+            path(&fd_path(INITRD_FD))
+        } else {
+            path(&l.config.initrd)
+        },
         "-append".into(),
         kernel_cmdline(l.config, l.accel, l.debug, l.tcg_clock),
+        // The console goes to a pipe the shim reads into its bounded log (`crate::console`).
+        // `append=on`: without it QEMU opens the file with O_TRUNC, which no descriptor of
+        // an fd set matches ("Could not open '/dev/fdset/3': Invalid argument").
+        "-add-fd".into(),
+        format!("fd={CONSOLE_FD},set={CONSOLE_FD}"),
         "-chardev".into(),
-        format!("file,id=console,path={}", opt_path(&l.layout.console_log)),
+        format!("file,id=console,path=/dev/fdset/{CONSOLE_FD},append=on"),
         "-serial".into(),
         "chardev:console".into(),
         "-chardev".into(),
@@ -169,6 +199,9 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         "vhost-user-vsock-device,chardev=vsock".into(),
     ];
     let mut args: Vec<String> = args.into();
+    if l.confined {
+        args.extend(["-sandbox".into(), QEMU_SANDBOX.into()]);
+    }
     args.extend(fs_device("fs", &l.layout.fs.socket, SHARED_FS_TAG));
     if l.config.rootfs_share().is_some() {
         args.extend(fs_device(
@@ -180,13 +213,18 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
     args.extend(["-device".into(), BALLOON.into()]);
     for (i, nic) in l.net.iter().enumerate() {
         // The tap exists already (the shim made it, with its tc redirects); QEMU attaches
-        // to it by name and runs no scripts.
-        args.extend([
-            "-netdev".into(),
+        // to it by name and runs no scripts, or, confined, gets it opened.
+        let netdev = if l.confined {
+            format!("tap,id=net{i},fd={}", FIRST_TAP_FD + i as i32)
+        } else {
             format!(
                 "tap,id=net{i},ifname={},script=no,downscript=no",
                 opt(&nic.tap)
-            ),
+            )
+        };
+        args.extend([
+            "-netdev".into(),
+            netdev,
             "-device".into(),
             format!("virtio-net-device,netdev=net{i},mac={}", opt(&nic.mac)),
         ]);
@@ -264,6 +302,7 @@ virtio_fs_cache = "never"
             debug: false,
             net: &[],
             tcg_clock: None,
+            confined: false,
         }
     }
 
@@ -282,14 +321,14 @@ virtio_fs_cache = "never"
         assert_eq!(
             joined(&args),
             "-name sandbox-sb1 \
-             -M microvm,acpi=off,x-option-roms=off,memory-backend=mem \
+             -M microvm,acpi=off,x-option-roms=off,memory-backend=mem,dump-guest-core=off \
              -accel tcg,tb-size=64 -cpu max,erms=off,fsrm=off,fzrm=off,fsrs=off,fsrc=off \
              -m 256M -smp 2 \
              -object memory-backend-memfd,id=mem,size=256M,share=on \
              -nodefaults -no-user-config -nographic -no-reboot \
              -kernel /k/vmlinux -initrd /k/initrd.img \
              -append console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share agent.log=debug \
-             -chardev file,id=console,path=/run/vc/sb1/console.log -serial chardev:console \
+             -add-fd fd=3,set=3 -chardev file,id=console,path=/dev/fdset/3,append=on -serial chardev:console \
              -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
              -mon chardev=qmp,mode=control \
              -chardev socket,id=vsock,path=/run/vc/sb1/vhost-vsock.sock \
@@ -321,6 +360,7 @@ virtio_fs_cache = "never"
         assert!(s.contains("-accel kvm -cpu host"), "{s}");
         assert!(s.contains("-cpu host"), "{s}");
         assert!(!s.contains("quiet"), "{s}");
+        assert!(s.contains(" agent.log=debug "), "{s}");
     }
 
     /// One cache policy for volumes and root filesystems: one virtio-fs device, and no
@@ -359,7 +399,7 @@ virtio_fs_cache = "never"
             sandbox_id: "id,x",
             ..launch(&config, &layout)
         }));
-        assert!(s.contains("path=/run/a,,b/console.log"), "{s}");
+        assert!(s.contains("path=/run/a,,b/qmp.sock"), "{s}");
         assert!(s.contains("-name sandbox-id,,x"), "{s}");
         assert!(joined(&vsock_backend_args(&layout)).contains("socket=/run/a,,b/vhost-vsock.sock"));
     }
@@ -394,6 +434,42 @@ virtio_fs_cache = "never"
                  -netdev tap,id=net1,ifname=tap1_kata,script=no,downscript=no \
                  -device virtio-net-device,netdev=net1,mac=0a:58:0a:59:00:07"
             ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn a_confined_qemu_gets_its_sandbox_and_its_files_as_descriptors() {
+        let config = config();
+        let layout = RunDirLayout::new(Path::new("/r"));
+        let net = [crate::NetDevice {
+            tap: "tap0_kata".into(),
+            mac: "0a:58:0a:58:00:05".into(),
+        }];
+        let s = joined(&qemu_args(&QemuLaunch {
+            net: &net,
+            confined: true,
+            ..launch(&config, &layout)
+        }));
+        assert!(
+            s.contains(
+                " -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("-kernel /proc/self/fd/4 -initrd /proc/self/fd/5 "),
+            "{s}"
+        );
+        assert!(s.contains("-netdev tap,id=net0,fd=10 "), "{s}");
+        assert!(!s.contains("ifname"), "{s}");
+        // Unconfined, none of it.
+        let s = joined(&qemu_args(&QemuLaunch {
+            net: &net,
+            ..launch(&config, &layout)
+        }));
+        assert!(
+            !s.contains("-sandbox") && !s.contains("/proc/self/fd"),
             "{s}"
         );
     }

@@ -17,7 +17,7 @@ pub struct RunDirLayout {
     pub agent_socket: PathBuf,
     /// QMP control socket (QEMU listens); its greeting tells that QEMU is up.
     pub qmp_socket: PathBuf,
-    /// The guest's serial console.
+    /// The guest's serial console, as the shim keeps it (bounded: see `crate::console`).
     pub console_log: PathBuf,
     /// stdout and stderr of each process.
     pub qemu_log: PathBuf,

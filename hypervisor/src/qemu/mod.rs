@@ -21,6 +21,7 @@ pub mod layout;
 mod qmp;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,6 +29,8 @@ use kata_config::QemuConfig;
 use slog::{debug, info, o, Logger};
 
 use crate::accel::{self, Accel};
+use crate::console::{self, CONSOLE_FD, CONSOLE_LOG_CAP};
+use crate::jail::{self, DevNode, Jail, ReadOnlyFile, SandboxIds};
 use crate::process::{
     exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon, Place,
     RunningVm, Wait, POLL,
@@ -45,6 +48,8 @@ pub struct Qemu {
     config: QemuConfig,
     logger: Logger,
     running: Option<RunningVm>,
+    /// The uid and gid QEMU and the vsock backend run as, claimed while the VM runs.
+    ids: Option<SandboxIds>,
 }
 
 impl Qemu {
@@ -53,6 +58,7 @@ impl Qemu {
             config,
             logger: logger.new(o!("hypervisor" => "qemu")),
             running: None,
+            ids: None,
         }
     }
 
@@ -68,6 +74,9 @@ impl Qemu {
     ) -> Result<i32, Error> {
         // QEMU runs in the pod's network namespace, where its taps are.
         let place = Place::new(cfg, true)?;
+        if let Some(ids) = &self.ids {
+            jail::own_run_dir(&cfg.run_dir, ids)?;
+        }
         // The helpers start side by side: QEMU needs every socket, and each daemon spends
         // most of its start-up on its own (virtiofsd on its sandbox).
         // Each keeps its own pids: when one fails, try_join drops the others midway.
@@ -81,10 +90,51 @@ impl Qemu {
         started.extend(rootfs_fs_pids);
         started.extend(vsock_pids);
         helpers?;
+        if let Some(ids) = &self.ids {
+            // virtiofsd (root) made them; QEMU connects as the sandbox's uid.
+            let mut sockets = vec![layout.fs.socket.as_path()];
+            if self.config.rootfs_share().is_some() {
+                sockets.push(layout.rootfs_fs.socket.as_path());
+            }
+            jail::hand_over(&sockets, ids)?;
+        }
 
+        // The console's reader ends once QEMU has exited and this launch's copies of the
+        // pipe (in `place`) are dropped.
+        let mut place = place;
+        place.pass_fd(
+            console::start(&layout.console_log, CONSOLE_LOG_CAP, &self.logger)?,
+            CONSOLE_FD,
+        );
+        // Kept open until QEMU has started: it opens them through the descriptors.
+        let mut files = Vec::new();
+        // Confined, it runs by its real path, which its minimal root holds.
+        let mut program = self.config.path.clone();
+        if let Some(ids) = &self.ids {
+            program = jail::real_path(&self.config.path)?;
+            let kernel = ReadOnlyFile::open("kernel", &self.config.kernel)?;
+            let initrd = ReadOnlyFile::open("initrd", &self.config.initrd)?;
+            kernel.pass_to(&mut place, jail::KERNEL_FD);
+            initrd.pass_to(&mut place, jail::INITRD_FD);
+            files.extend([kernel, initrd]);
+            if let Some(netns) = &cfg.netns {
+                for (i, nic) in cfg.net.iter().enumerate() {
+                    let tap = jail::open_tap(netns, &nic.tap, None)?;
+                    place.pass_fd(Arc::new(tap), jail::FIRST_TAP_FD + i as i32);
+                }
+            }
+            let devices: &[DevNode] = if accel == Accel::Kvm {
+                &[DevNode::Kvm]
+            } else {
+                &[]
+            };
+            place = place.jailed(Some(
+                Jail::new(ids, devices, false)?.with_root(&program, &[&cfg.run_dir])?,
+            ));
+        }
         let qemu = Daemon {
             step: "qemu",
-            program: &self.config.path,
+            program: &program,
             args: cmdline::qemu_args(&QemuLaunch {
                 config: &self.config,
                 layout,
@@ -93,6 +143,7 @@ impl Qemu {
                 debug: cfg.debug,
                 net: &cfg.net,
                 tcg_clock,
+                confined: self.ids.is_some(),
             }),
             env: Vec::new(),
             log: layout.qemu_log.clone(),
@@ -101,6 +152,7 @@ impl Qemu {
         self.log_command(&qemu);
         let pid = qemu.spawn()?;
         started.push(pid);
+        drop(files);
         wait_for_qmp(&qemu, pid, &layout.qmp_socket).await?;
         Ok(pid)
     }
@@ -134,13 +186,24 @@ impl Qemu {
         place: &Place,
         started: &mut Vec<i32>,
     ) -> Result<(), Error> {
+        // Confined, it runs by its real path, which its minimal root holds.
+        let program = match &self.ids {
+            Some(_) => jail::real_path(&self.config.vsock_backend)?,
+            None => self.config.vsock_backend.clone(),
+        };
         let vsock = Daemon {
             step: "the vsock backend",
-            program: &self.config.vsock_backend,
+            program: &program,
             args: cmdline::vsock_backend_args(layout),
             env: debug_env(cfg.debug),
             log: layout.vsock_log.clone(),
-            place: place.without_netns(),
+            // It needs no network: unix sockets only.
+            place: match &self.ids {
+                Some(ids) => place.without_netns().jailed(Some(
+                    Jail::new(ids, &[], true)?.with_root(&program, &[&cfg.run_dir])?,
+                )),
+                None => place.without_netns(),
+            },
         };
         self.log_command(&vsock);
         let pid = vsock.spawn()?;
@@ -195,21 +258,19 @@ impl Hypervisor for Qemu {
         let configured = self.config.accelerator;
         let logger = self.logger.clone();
         let (choice, tcg_clock) = tokio::task::spawn_blocking(move || {
-            let choice = accel::choose(configured, &logger);
+            let choice = accel::choose(configured, &logger)?;
             let clock = (choice.accel == Accel::Tcg)
                 .then(accel::tsc::tcg_clock_params)
                 .flatten();
-            (choice, clock)
+            Ok((choice, clock))
         })
         .await
-        .unwrap_or_else(|_| {
-            let choice = accel::AccelChoice {
-                accel: Accel::Tcg,
-                reason: "the accelerator probe panicked".into(),
-            };
-            (choice, None)
-        });
+        .unwrap_or_else(|_| Err("the accelerator probe panicked".into()))
+        .map_err(Error::Unsupported)?;
 
+        if self.config.host_processes.sandboxed && self.ids.is_none() {
+            self.ids = Some(jail::claim_async(self.config.host_processes, &cfg.sandbox_id).await?);
+        }
         let mut started = Vec::new();
         let launched = self
             .launch(
@@ -245,16 +306,26 @@ impl Hypervisor for Qemu {
             }
             Err(e) => {
                 stop_started(&self.logger, &e, started, layout.stale_files()).await;
+                if let Some(ids) = self.ids.take() {
+                    ids.release();
+                }
                 Err(e)
             }
         }
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
-        match self.running.take() {
+        let stopped = match self.running.take() {
             Some(running) => running.stop(&self.logger).await,
             None => Ok(()),
+        };
+        // While a process survives as the uid, the id stays claimed.
+        if stopped.is_ok() {
+            if let Some(ids) = self.ids.take() {
+                ids.release();
+            }
         }
+        stopped
     }
 
     fn pids(&self) -> Vec<i32> {

@@ -1,8 +1,9 @@
 //! The KVM line: the project's one probe (`hypervisor::accel`), judged against what the
 //! configuration needs. The builtin VMM and `accelerator = "kvm"` need a full-speed KVM;
-//! `auto` falls back to TCG (a warning: sandboxes run, slower); `tcg` does not use KVM.
+//! `auto` falls back to TCG; `tcg` does not use KVM. Either way under TCG is a warning
+//! that says what QEMU's security policy says: the VM is then no isolation boundary.
 
-use hypervisor::accel::{KvmVerdict, FULL_SPEED_INSTRUCTIONS_PER_SEC};
+use hypervisor::accel::{KvmVerdict, FULL_SPEED_INSTRUCTIONS_PER_SEC, TCG_IS_NOT_A_BOUNDARY};
 use kata_config::{Accelerator, Config, HypervisorName};
 
 use crate::report::Line;
@@ -19,7 +20,7 @@ pub fn line(verdict: &KvmVerdict, config: &Config, file: &str) -> Line {
         ) {
             (HypervisorName::Qemu, Accelerator::Tcg) => Line::warn(
                 NAME,
-                format!("{found}, but hypervisor.qemu.accelerator = \"tcg\" does not use it"),
+                format!("{found}, but hypervisor.qemu.accelerator = \"tcg\" does not use it; {TCG_IS_NOT_A_BOUNDARY}"),
                 format!("set hypervisor.qemu.accelerator = \"auto\" in {file}"),
             ),
             _ => Line::ok(NAME, found),
@@ -39,12 +40,13 @@ pub fn line(verdict: &KvmVerdict, config: &Config, file: &str) -> Line {
         ),
         (HypervisorName::Qemu, Accelerator::Auto) => Line::warn(
             NAME,
-            format!("{found}; sandboxes run under TCG, QEMU's emulator, which is several times slower"),
+            format!("{found}; sandboxes run under TCG, several times slower, and {TCG_IS_NOT_A_BOUNDARY}"),
             host_fix,
         ),
-        (HypervisorName::Qemu, Accelerator::Tcg) => Line::ok(
+        (HypervisorName::Qemu, Accelerator::Tcg) => Line::warn(
             NAME,
-            format!("{found}; not used: hypervisor.qemu.accelerator = \"tcg\""),
+            format!("{found}; not used: hypervisor.qemu.accelerator = \"tcg\", and {TCG_IS_NOT_A_BOUNDARY}"),
+            format!("for untrusted workloads: {host_fix}, then set hypervisor.qemu.accelerator = \"auto\" in {file}"),
         ),
     }
 }
@@ -110,6 +112,11 @@ mod tests {
             line.detail
         );
         assert!(line.detail.contains("TCG"), "{}", line.detail);
+        assert!(
+            line.detail.contains("not an isolation boundary"),
+            "{}",
+            line.detail
+        );
         assert!(line.fix.unwrap().contains("nested virtualisation"));
     }
 
@@ -135,7 +142,7 @@ mod tests {
     }
 
     #[test]
-    fn tcg_does_not_need_kvm() {
+    fn tcg_does_not_need_kvm_but_is_no_boundary() {
         let none = KvmVerdict::Unusable {
             reason: "cannot open /dev/kvm: No such file or directory (os error 2).".into(),
         };
@@ -144,8 +151,13 @@ mod tests {
             &config("[hypervisor.qemu]\naccelerator = \"tcg\""),
             FILE,
         );
-        assert_eq!(line.status, Status::Ok);
+        assert_eq!(line.status, Status::Warn);
         assert!(line.detail.contains("not used"), "{}", line.detail);
+        assert!(
+            line.detail.contains("not an isolation boundary"),
+            "{}",
+            line.detail
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! It only reads, runs the tools' `--version`/`help`, and (through the KVM probe)
 //! refreshes the probe's cache under `/run/kata-containers/`.
 
+mod containment;
 mod guest;
 mod host;
 mod kvm;
@@ -80,6 +81,7 @@ pub fn run(eff: &Effective, containerd_config: &Path) -> Report {
             lines.extend(joined(group));
         }
         lines.extend(host::lines(config, &backend));
+        lines.push(containment::line(config, &backend));
         for group in [guest, containerd] {
             lines.extend(joined(group));
         }

@@ -58,6 +58,24 @@ pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<U
     Ok(stream)
 }
 
+/// The longest answer line read from the agent's port forwarder.
+const MAX_PORT_FORWARD_ANSWER: usize = 512;
+
+/// Reads the guest's answer to a port-forward request for `port` on `stream`: `OK`, after
+/// which the stream carries the connection's bytes, or a refusal (an error with the
+/// guest's reason).
+pub async fn port_forward_answer(stream: &mut UnixStream, port: u16) -> std::io::Result<()> {
+    // Byte by byte: what follows the answer belongs to the connection.
+    let line = read_line_unbuffered(stream, MAX_PORT_FORWARD_ANSWER).await?;
+    if !line.starts_with("OK") {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("the guest refused port {port}: {}", line.trim()),
+        ));
+    }
+    Ok(())
+}
+
 /// Where the host hears that the agent listens: `<hybrid socket>_<port>` for
 /// [`AGENT_READY_VSOCK_PORT`](protocols::AGENT_READY_VSOCK_PORT), on which the VMM side
 /// hands over the agent's connection to that host port. Removed when dropped.
@@ -473,6 +491,34 @@ mod tests {
         assert!(err.to_string().contains("FAILED"), "{err}");
         server.await.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The port forwarder's answer: after `OK` the stream is the connection's, byte for
+    /// byte; anything else refuses the port with the guest's words, however long.
+    #[tokio::test]
+    async fn a_port_forward_answer_keeps_the_connections_bytes_or_refuses() {
+        let (mut shim, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(b"OK\nHTTP/1.1 200").await.unwrap();
+        drop(guest);
+        port_forward_answer(&mut shim, 80).await.unwrap();
+        let mut rest = String::new();
+        shim.read_to_string(&mut rest).await.unwrap();
+        assert_eq!(rest, "HTTP/1.1 200");
+
+        let (mut shim, mut guest) = UnixStream::pair().unwrap();
+        let mut answer = b"ERR nothing listens on 81 ".to_vec();
+        answer.resize(2000, b'x');
+        guest.write_all(&answer).await.unwrap();
+        drop(guest);
+        let err = port_forward_answer(&mut shim, 81).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("refused port 81: ERR nothing listens"),
+            "{msg}"
+        );
+        // At most 512 bytes of it are read: the rest is left unread, not buffered.
+        assert!(msg.len() < 600, "{} bytes", msg.len());
     }
 
     /// The agent's word that it listens arrives on `<socket>_1029` (the VMM side's

@@ -26,6 +26,9 @@ pub struct FakeAgent {
     /// Every request made, as `op container exec`, in order.
     pub calls: Mutex<Vec<String>>,
     pub stdin: StdinSeen,
+    /// OOM kills the guest will report, in order (see [`FakeAgent::oom`]).
+    ooms: Mutex<std::collections::VecDeque<String>>,
+    oom_ready: tokio::sync::Notify,
 }
 
 impl FakeAgent {
@@ -56,6 +59,24 @@ impl FakeAgent {
             .entry((id.to_string(), exec_id.to_string()))
             .or_insert_with(|| watch::channel(None).0)
             .clone()
+    }
+
+    /// Has the guest report an OOM kill in container `id` (any id: the guest's word).
+    pub fn oom(&self, id: &str) {
+        if let Ok(mut q) = self.ooms.lock() {
+            q.push_back(id.to_string());
+        }
+        self.oom_ready.notify_one();
+    }
+
+    async fn next_oom(&self) -> String {
+        loop {
+            let next = self.ooms.lock().ok().and_then(|mut q| q.pop_front());
+            if let Some(id) = next {
+                return id;
+            }
+            self.oom_ready.notified().await;
+        }
     }
 
     /// Makes the process exit with `status`, as if it had ended in the guest.
@@ -230,7 +251,8 @@ impl Agent for FakeAgent {
     }
 
     async fn get_oom_event(&self) -> Result<String> {
-        self.serve("GetOOMEvent", std::future::pending()).await
+        self.serve("GetOOMEvent", async { Ok(self.next_oom().await) })
+            .await
     }
 
     async fn destroy_sandbox(&self) -> Result<()> {

@@ -26,7 +26,7 @@ use protocols::stdio::StdioStream;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-pub use client::{hybrid_vsock_connect, KataAgent};
+pub use client::{hybrid_vsock_connect, port_forward_answer, KataAgent};
 
 /// Failures talking to the agent, phrased for a containerd user reading `ctr`'s output.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::socket::{getsockopt, sockopt::OriginalDst};
 use serde::{Deserialize, Serialize};
 use slog::{debug, Logger};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -214,22 +214,7 @@ async fn forward(mut conn: TcpStream, agent_socket: &Path) -> std::io::Result<()
         crate::agent::hybrid_vsock_connect(agent_socket, protocols::PORT_FORWARD_VSOCK_PORT)
             .await?;
     guest.write_all(format!("{port}\n").as_bytes()).await?;
-    let mut line = Vec::new();
-    {
-        // Byte by byte: what follows the answer belongs to the connection.
-        let mut reader = BufReader::with_capacity(1, &mut guest);
-        let mut limited = tokio::io::AsyncReadExt::take(&mut reader, 512);
-        limited.read_until(b'\n', &mut line).await?;
-    }
-    if !line.starts_with(b"OK") {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            format!(
-                "the guest refused port {port}: {}",
-                String::from_utf8_lossy(&line).trim()
-            ),
-        ));
-    }
+    crate::agent::port_forward_answer(&mut guest, port).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut guest).await?;
     Ok(())
 }

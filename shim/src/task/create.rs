@@ -72,7 +72,8 @@ impl Inner {
                 format!("{} is not a valid OCI spec: {e}", spec_path.display()),
             )
         })?;
-        let sandbox_id = spec::sandbox_of(&spec, &req.id);
+        let sandbox_id = spec::sandbox_of(&spec, &req.id)
+            .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         if sandbox_id != self.sandbox_id {
             return Err(status(
                 Code::FAILED_PRECONDITION,
@@ -188,9 +189,11 @@ impl Inner {
 
     async fn create_in(&self, sb: &Sandbox, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
         let share_dir = sb.shared.mounts.join(&req.id);
-        let mounts = container::setup_host_mounts(&p.bundle, &req.rootfs, &share_dir, &p.binds)
-            .await
-            .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let serving = crate::mount::serving_namespaces(&sb.helper_pids());
+        let mounts =
+            container::setup_host_mounts(&p.bundle, &req.rootfs, &share_dir, &p.binds, &serving)
+                .await
+                .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         sb.add_mounts(&mounts);
         let agent = sb.agent();
         let mut spec = p.spec.clone();

@@ -427,3 +427,37 @@ async fn killing_a_task_never_started_ends_it_as_runc_does() {
     assert_eq!(f.delete(SB).await.unwrap().exit_status, 137);
     assert!(f.share_is_gone());
 }
+
+/// The guest names the container of an OOM kill: only the sandbox's own containers get a
+/// TaskOOM, and a flood for one of them gives at most one per second (the rate itself is
+/// `ratelimit`'s unit test).
+#[tokio::test]
+async fn oom_events_are_published_only_for_the_sandboxs_own_containers() {
+    needs_root!();
+    let f = fixture(None);
+    f.create(SB).await.unwrap();
+    f.start(SB, "").await.unwrap();
+    for _ in 0..50 {
+        f.agent.oom("someone-elses-container");
+        f.agent.oom(&"x".repeat(100_000));
+    }
+    f.agent.oom(SB);
+    let ooms = || {
+        f.svc
+            .inner
+            .events
+            .recorded()
+            .into_iter()
+            .filter(|e| e.starts_with("/tasks/oom"))
+            .collect::<Vec<_>>()
+    };
+    // The watch takes the events in order: once SB's is published, the others were seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ooms().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no TaskOOM for {SB}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let published = ooms();
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert!(published[0].contains(SB), "{published:?}");
+}

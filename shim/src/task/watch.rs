@@ -2,38 +2,63 @@
 //! process's exit, OOM kills, and the end of the VM itself.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use slog::{debug, info, warn};
 
 use super::Inner;
 use crate::agent::Agent;
 use crate::container::{Exit, Status};
+use crate::ratelimit::{clip, PerKey};
 use crate::sandbox::Sandbox;
 
 /// The exit status reported for every process of a sandbox whose VM died: the guest can
 /// no longer say how they ended (as runc reports for a process it lost).
 pub const VM_GONE_EXIT_STATUS: u32 = 255;
 
+/// At most one TaskOOM per container per period.
+pub const OOM_EVENT_PERIOD: Duration = Duration::from_secs(1);
+/// How much of an id the guest sent a log line quotes.
+const LOGGED_ID_BYTES: usize = 128;
+
 /// How long an exited process's output may take to end before its exit is reported
 /// anyway.
 const OUTPUT_GRACE: Duration = Duration::from_secs(5);
 
 impl Inner {
-    /// Publishes TaskOOM for every OOM kill the guest reports, for the sandbox's life.
+    /// Publishes TaskOOM for the OOM kills the guest reports, for the sandbox's life: only
+    /// for this sandbox's own containers, and at most once per container per
+    /// [`OOM_EVENT_PERIOD`] (the guest decides how often it reports; containerd and the
+    /// shim's log must not follow). What is not published is counted and logged.
     pub(super) fn watch_oom(self: &Arc<Self>, agent: Arc<dyn Agent>) {
         let inner = self.clone();
         tokio::spawn(async move {
+            let mut per_container = PerKey::new(OOM_EVENT_PERIOD);
+            let mut unknown = PerKey::new(OOM_EVENT_PERIOD);
             loop {
-                match agent.get_oom_event().await {
-                    Ok(cid) => {
-                        info!(inner.log, "OOM kill in the guest"; "container" => &cid);
-                        inner.events.oom(&cid).await;
-                    }
+                let cid = match agent.get_oom_event().await {
+                    Ok(cid) => cid,
                     Err(e) => {
-                        debug!(inner.log, "OOM watch ended"; "error" => %e);
+                        let dropped = per_container.take_dropped();
+                        debug!(inner.log, "OOM watch ended"; "error" => %e,
+                            "oom_events_not_published" => format!("{dropped:?}"));
                         return;
                     }
+                };
+                let now = Instant::now();
+                if !inner.lock().containers.contains_key(&cid) {
+                    if let Some(more) = unknown.admit("", now) {
+                        warn!(inner.log, "the guest reported an OOM kill in a container this \
+                            sandbox does not have; not published";
+                            "container" => clip(&cid, LOGGED_ID_BYTES),
+                            "more_since_last_warning" => more);
+                    }
+                    continue;
+                }
+                if let Some(dropped) = per_container.admit(&cid, now) {
+                    info!(inner.log, "OOM kill in the guest"; "container" => &cid,
+                        "not_published_since_last" => dropped);
+                    inner.events.oom(&cid).await;
                 }
             }
         });

@@ -12,6 +12,12 @@ use vmm::logger::log;
 const USAGE: &str = "usage: kata-vmm --config FILE | kata-vmm check";
 
 fn main() {
+    // Before anything else: no exec'd program of ours can gain privileges, and seccomp
+    // filters can be installed without CAP_SYS_ADMIN.
+    if let Err(e) = vmm::seccomp::set_no_new_privs() {
+        log("error", &e.to_string());
+        std::process::exit(1);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args
         .iter()

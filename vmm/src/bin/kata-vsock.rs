@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use log::{error, info, LevelFilter, Log, Metadata, Record};
+use vmm::seccomp::{self, Filter};
 use vmm::vsock::{vhost_user, VsockDevice};
 
 const USAGE: &str = "usage: kata-vsock --vm guest-cid=<cid>,socket=<vhost-user socket>,uds-path=<hybrid vsock socket>\n       kata-vsock --guest-cid <cid> --socket <path> --uds-path <path>";
@@ -145,17 +146,26 @@ fn run(args: Args) -> Result<(), String> {
         ));
     };
     let device = VsockDevice::new(cid, &uds).map_err(|e| e.to_string())?;
+    let listener = vhost_user::listen(&socket).map_err(|e| e.to_string())?;
+    // Both sockets are bound: from here on nothing is opened, no thread is started
+    // unfiltered (the vhost-user threads start in `serve` and inherit the filter).
+    seccomp::apply(Filter::Vsock).map_err(|e| e.to_string())?;
     info!(
         "guest cid {cid}: hybrid vsock on {}, vhost-user on {socket}",
         uds.display()
     );
-    vhost_user::serve(device, &socket).map_err(|e| e.to_string())?;
+    vhost_user::serve(device, listener).map_err(|e| e.to_string())?;
     info!("the vhost-user frontend disconnected; exiting");
-    let _ = std::fs::remove_file(&socket);
     Ok(())
 }
 
 fn main() -> ExitCode {
+    // Before anything else: no exec'd program of ours can gain privileges, and the seccomp
+    // filter can be installed without CAP_SYS_ADMIN.
+    if let Err(e) = seccomp::set_no_new_privs() {
+        eprintln!("kata-vsock: {e}");
+        return ExitCode::FAILURE;
+    }
     init_logging();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.iter().any(|a| a == "--help" || a == "-h") {

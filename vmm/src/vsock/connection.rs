@@ -11,7 +11,7 @@ use std::net::Shutdown;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use log::{debug, warn};
+use log::debug;
 use virtio_queue::Writer;
 use vm_memory::bitmap::BitmapSlice;
 
@@ -82,6 +82,9 @@ pub struct VsockConnection {
     /// The guest must get an RST for this connection when it is dropped.
     rst_needed: bool,
     request_sent: bool,
+    /// What the guest last did wrong on this connection, for the muxer to log (through its
+    /// rate limit: a guest can repeat it at will).
+    violation: Option<String>,
 }
 
 impl VsockConnection {
@@ -135,6 +138,7 @@ impl VsockConnection {
             host_hup: false,
             rst_needed: false,
             request_sent: false,
+            violation: None,
         }
     }
 
@@ -204,6 +208,11 @@ impl VsockConnection {
         self.state = ConnState::Closed;
     }
 
+    /// The protocol violation the last packet was, if it was one (the connection is reset).
+    pub fn take_violation(&mut self) -> Option<String> {
+        self.violation.take()
+    }
+
     /// Handles a packet the guest sent on this connection.
     pub fn on_packet(&mut self, hdr: &PacketHeader, payload: &[u8]) {
         self.credit.update_from_peer(hdr.buf_alloc, hdr.fwd_cnt);
@@ -244,10 +253,10 @@ impl VsockConnection {
                 self.finish_shutdown();
             }
             (state, op) => {
-                warn!(
+                self.violation = Some(format!(
                     "vsock: guest sent op {op} on port {} -> host port {} in state {state:?}; resetting it",
                     self.peer_port, self.local_port
-                );
+                ));
                 self.kill();
             }
         }
@@ -255,20 +264,20 @@ impl VsockConnection {
 
     fn on_guest_data(&mut self, payload: &[u8]) {
         if self.peer_shutdown & SHUTDOWN_SEND != 0 {
-            warn!(
+            self.violation = Some(format!(
                 "vsock: guest port {} sent data after SHUTDOWN; resetting it",
                 self.peer_port
-            );
+            ));
             self.kill();
             return;
         }
         // Bounded by MAX_PKT_PAYLOAD.
         let len = payload.len() as u32;
         if !self.credit.can_accept(len) {
-            warn!(
+            self.violation = Some(format!(
                 "vsock: guest port {} overran the {HOST_BUF_ALLOC}-byte credit of host port {}; resetting it",
                 self.peer_port, self.local_port
-            );
+            ));
             self.kill();
             return;
         }

@@ -8,13 +8,15 @@
 //! - `credit`: credit-based flow control counters.
 //! - `connection`: one stream's state machine and buffering.
 //! - `unix`: the hybrid socket (`CONNECT <port>` in, `<uds>_<port>` out).
-//! - `muxer`: connections <-> rx/tx queues, host readiness through its own epoll fd.
+//! - `muxer`: connections <-> rx/tx queues, host readiness through its own epoll fd; its
+//!   queues and connection count are capped, its repeated warnings rate-limited (`log_limit`).
 //! - `device`: the virtio view (device id, features, config space, queues).
 //! - `vhost_user`: the vhost-user backend around the device.
 
 pub mod connection;
 pub mod credit;
 pub mod device;
+pub mod log_limit;
 pub mod muxer;
 pub mod packet;
 pub mod unix;

@@ -6,19 +6,29 @@
 //! `process_host_events`. Packets for the guest wait in the muxer until the transport calls
 //! `process_rx` with a queue that has buffers: a host `CONNECT` that arrives before the guest
 //! driver has set up its queues is kept, not lost, and goes out with the first rx buffers.
+//!
+//! Whatever the guest does, the muxer's memory stays bounded (as Firecracker's muxer does):
+//! at most [`MAX_CONNECTIONS`] connections (a guest REQUEST beyond gets an RST, a host
+//! CONNECT beyond is closed), [`MAX_HANDSHAKES`] host connections waiting for their CONNECT
+//! line (newer ones are closed), [`MAX_RST_QUEUE`] RSTs waiting for rx buffers (newer ones
+//! are dropped: the guest's connect then times out instead of being refused), and the rx
+//! queue holds each connection at most once. Each connection buffers at most the credit it
+//! announced ([`HOST_BUF_ALLOC`](super::credit::HOST_BUF_ALLOC)). The warnings a guest can
+//! repeat at will are rate-limited ([`super::log_limit`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::Path;
 
-use log::{debug, info, warn};
+use log::{debug, log, Level};
 use thiserror::Error;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemory;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::connection::{Interest, VsockConnection};
+use super::log_limit::LogLimiter;
 use super::packet::{self, PacketHeader, MAX_PKT_PAYLOAD, OP_REQUEST, OP_RST, TYPE_STREAM};
 use super::unix::{Handshake, HybridListener, PendingHandshake, UnixError};
 use super::HOST_CID;
@@ -28,6 +38,67 @@ use super::HOST_CID;
 const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// Epoll events handled per `epoll_wait`.
 const EVENT_BATCH: usize = 32;
+/// Most connections at once, host- and guest-initiated.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Most host connections that have not yet sent their `CONNECT` line.
+pub const MAX_HANDSHAKES: usize = 64;
+/// Most RSTs waiting for rx buffers.
+pub const MAX_RST_QUEUE: usize = 256;
+
+/// The caps of one muxer (the constants above; tests lower them).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    connections: usize,
+    handshakes: usize,
+    rst_queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: MAX_CONNECTIONS,
+            handshakes: MAX_HANDSHAKES,
+            rst_queue: MAX_RST_QUEUE,
+        }
+    }
+}
+
+/// The rate limits of the lines a guest can cause again and again, one per kind.
+#[derive(Debug, Default)]
+struct Warnings {
+    /// Malformed tx packets and rx buffers, packets that cannot be written.
+    malformed: LogLimiter,
+    /// Guest connects to host ports nobody listens on.
+    refused: LogLimiter,
+    /// Guest connections to host ports (each one otherwise a line).
+    connected: LogLimiter,
+    /// Protocol violations on a connection.
+    protocol: LogLimiter,
+    /// Work dropped at a cap.
+    dropped: LogLimiter,
+}
+
+impl Warnings {
+    fn emitted(&self) -> u64 {
+        [
+            &self.malformed,
+            &self.refused,
+            &self.connected,
+            &self.protocol,
+            &self.dropped,
+        ]
+        .iter()
+        .map(|l| l.emitted())
+        .sum()
+    }
+}
+
+/// Logs `message` at `level` if `limiter` lets a line through now.
+fn log_limited(limiter: &mut LogLimiter, level: Level, message: impl FnOnce() -> String) {
+    if let Some(line) = limiter.line(message) {
+        log!(level, "{line}");
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum MuxerError {
@@ -84,6 +155,8 @@ pub struct VsockMuxer {
     next_local_port: u32,
     scratch: Vec<u8>,
     payload: Vec<u8>,
+    warnings: Warnings,
+    limits: Limits,
 }
 
 impl VsockMuxer {
@@ -103,6 +176,8 @@ impl VsockMuxer {
             next_local_port: FIRST_LOCAL_PORT,
             scratch: vec![0; MAX_PKT_PAYLOAD],
             payload: Vec::with_capacity(MAX_PKT_PAYLOAD),
+            warnings: Warnings::default(),
+            limits: Limits::default(),
         };
         muxer.epoll_ctl(
             ControlOperation::Add,
@@ -119,6 +194,27 @@ impl VsockMuxer {
     /// Number of live connections (host- or guest-initiated).
     pub fn connection_count(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Log lines the rate-limited warnings have let through so far.
+    pub fn warnings_logged(&self) -> u64 {
+        self.warnings.emitted()
+    }
+
+    /// Queues an RST for the guest, unless [`MAX_RST_QUEUE`] already wait.
+    fn push_rst(&mut self, rst: PacketHeader) {
+        let cap = self.limits.rst_queue;
+        if self.rst_queue.len() >= cap {
+            log_limited(&mut self.warnings.dropped, Level::Warn, || {
+                format!(
+                    "vsock: {cap} RSTs already wait for the guest's rx buffers; \
+                     dropping the one for guest port {}",
+                    rst.dst_port
+                )
+            });
+            return;
+        }
+        self.rst_queue.push_back(rst);
     }
 
     /// Whether packets wait for rx buffers.
@@ -199,6 +295,18 @@ impl VsockMuxer {
 
     fn accept_host_connections(&mut self) -> Result<(), MuxerError> {
         while let Some(stream) = self.listener.accept().map_err(MuxerError::Accept)? {
+            let cap = self.limits.handshakes;
+            if self.handshakes.len() >= cap {
+                // Closed at once (`stream` is dropped): left in the backlog it would keep
+                // the listener readable.
+                log_limited(&mut self.warnings.dropped, Level::Warn, || {
+                    format!(
+                        "vsock: {cap} hybrid socket clients have not sent their \
+                         CONNECT line yet; closing a new one"
+                    )
+                });
+                continue;
+            }
             let hs = PendingHandshake::new(stream);
             let fd = hs.as_raw_fd();
             self.epoll_ctl(ControlOperation::Add, fd, EventSet::IN)?;
@@ -224,6 +332,17 @@ impl VsockMuxer {
         let Some(hs) = self.handshakes.remove(&fd) else {
             return Ok(());
         };
+        let cap = self.limits.connections;
+        if self.conns.len() >= cap {
+            self.epoll_ctl(ControlOperation::Delete, fd, EventSet::empty())?;
+            log_limited(&mut self.warnings.dropped, Level::Warn, || {
+                format!(
+                    "vsock: {cap} connections are open; closing the host's \
+                     CONNECT {port}"
+                )
+            });
+            return Ok(());
+        }
         let local_port = self.allocate_local_port(port);
         let key = ConnKey {
             local_port,
@@ -274,9 +393,7 @@ impl VsockMuxer {
         };
         let fd = m.conn.as_raw_fd();
         if m.conn.is_closed() {
-            if let Some(rst) = m.conn.take_rst() {
-                self.rst_queue.push_back(rst);
-            }
+            let rst = m.conn.take_rst();
             if m.registered.is_some() {
                 let _ = self
                     .epoll
@@ -284,6 +401,9 @@ impl VsockMuxer {
             }
             self.fd_keys.remove(&fd);
             self.conns.remove(&key);
+            if let Some(rst) = rst {
+                self.push_rst(rst);
+            }
             debug!(
                 "vsock: closed host port {} <-> guest port {}",
                 key.local_port, key.peer_port
@@ -323,7 +443,7 @@ impl VsockMuxer {
                 hdr.src_cid, hdr.src_port, hdr.dst_cid, hdr.dst_port, hdr.type_
             );
             if hdr.op != OP_RST && hdr.src_cid == self.guest_cid {
-                self.rst_queue.push_back(self.reply_rst(hdr));
+                self.push_rst(self.reply_rst(hdr));
             }
             return Ok(());
         }
@@ -333,13 +453,16 @@ impl VsockMuxer {
         };
         if let Some(m) = self.conns.get_mut(&key) {
             m.conn.on_packet(hdr, payload);
+            if let Some(violation) = m.conn.take_violation() {
+                log_limited(&mut self.warnings.protocol, Level::Warn, || violation);
+            }
             return self.refresh(key);
         }
         match hdr.op {
             OP_REQUEST => self.connect_for_guest(hdr, key),
             OP_RST => Ok(()),
             _ => {
-                self.rst_queue.push_back(self.reply_rst(hdr));
+                self.push_rst(self.reply_rst(hdr));
                 Ok(())
             }
         }
@@ -353,20 +476,36 @@ impl VsockMuxer {
     }
 
     fn connect_for_guest(&mut self, hdr: &PacketHeader, key: ConnKey) -> Result<(), MuxerError> {
+        let cap = self.limits.connections;
+        if self.conns.len() >= cap {
+            log_limited(&mut self.warnings.dropped, Level::Warn, || {
+                format!(
+                    "vsock: {cap} connections are open; refusing guest port {} \
+                     -> host port {}",
+                    hdr.src_port, hdr.dst_port
+                )
+            });
+            self.push_rst(self.reply_rst(hdr));
+            return Ok(());
+        }
         match self.listener.connect_host_port(hdr.dst_port) {
             Ok(stream) => {
-                info!(
-                    "vsock: guest port {} connected to host port {}",
-                    hdr.src_port, hdr.dst_port
-                );
+                log_limited(&mut self.warnings.connected, Level::Info, || {
+                    format!(
+                        "vsock: guest port {} connected to host port {}",
+                        hdr.src_port, hdr.dst_port
+                    )
+                });
                 let conn = VsockConnection::new_peer(self.guest_cid, hdr, stream);
                 self.epoll_ctl(ControlOperation::Add, conn.as_raw_fd(), EventSet::empty())?;
                 self.insert(key, conn, Interest::default());
                 self.refresh(key)
             }
             Err(e) => {
-                debug!("vsock: refusing guest connection: {e}");
-                self.rst_queue.push_back(self.reply_rst(hdr));
+                log_limited(&mut self.warnings.refused, Level::Info, || {
+                    format!("vsock: refusing a guest connection: {e}")
+                });
+                self.push_rst(self.reply_rst(hdr));
                 Ok(())
             }
         }
@@ -385,7 +524,7 @@ impl VsockMuxer {
         let mut used = false;
         loop {
             queue.disable_notification(mem).map_err(qerr)?;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            while let Some(chain) = pop_chain(queue, mem).map_err(qerr)? {
                 let head = chain.head_index();
                 let parsed = chain
                     .reader(mem)
@@ -400,7 +539,9 @@ impl VsockMuxer {
                         self.payload = payload;
                         r?;
                     }
-                    Err(e) => warn!("vsock: dropping a malformed tx packet: {e}"),
+                    Err(e) => log_limited(&mut self.warnings.malformed, Level::Warn, || {
+                        format!("vsock: dropping a malformed tx packet: {e}")
+                    }),
                 }
             }
             if !queue.enable_notification(mem).map_err(qerr)? {
@@ -425,7 +566,7 @@ impl VsockMuxer {
         };
         let mut used = false;
         while self.has_pending_rx() {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            let Some(chain) = pop_chain(queue, mem).map_err(qerr)? else {
                 // Out of buffers: ask for a kick when the guest adds some.
                 if queue.enable_notification(mem).map_err(qerr)? {
                     continue;
@@ -436,7 +577,9 @@ impl VsockMuxer {
             let mut writer = match chain.writer(mem) {
                 Ok(w) => w,
                 Err(e) => {
-                    warn!("vsock: dropping a malformed rx buffer: {e}");
+                    log_limited(&mut self.warnings.malformed, Level::Warn, || {
+                        format!("vsock: dropping a malformed rx buffer: {e}")
+                    });
                     queue.add_used(mem, head, 0).map_err(qerr)?;
                     used = true;
                     continue;
@@ -466,9 +609,8 @@ impl VsockMuxer {
         writer: &mut virtio_queue::Writer<'_, B>,
     ) -> Result<Option<u32>, MuxerError> {
         if let Some(rst) = self.rst_queue.pop_front() {
-            return Ok(log_rx_error(
-                packet::write_rx_packet(writer, &rst, &[]).map(Some),
-            ));
+            let r = packet::write_rx_packet(writer, &rst, &[]).map(Some);
+            return Ok(log_rx_error(&mut self.warnings.malformed, r));
         }
         // Each queued connection gets one try: one that re-queues itself waits its turn.
         for _ in 0..self.rx_queue.len() {
@@ -481,7 +623,7 @@ impl VsockMuxer {
             m.in_rx_queue = false;
             let r = m.conn.fill_rx(writer, &mut self.scratch);
             self.refresh(key)?;
-            if let Some(len) = log_rx_error(r) {
+            if let Some(len) = log_rx_error(&mut self.warnings.malformed, r) {
                 return Ok(Some(len));
             }
         }
@@ -524,11 +666,27 @@ impl AsRawFd for VsockMuxer {
     }
 }
 
-fn log_rx_error(r: Result<Option<u32>, packet::PacketError>) -> Option<u32> {
+/// The next chain the driver made available. Unlike `pop_descriptor_chain`, which reports
+/// an avail index more than a queue's size ahead as "no chain" while `enable_notification`
+/// keeps reporting more, this makes such an index (a broken or hostile driver's) an error:
+/// the notification loops of `process_tx` and `process_rx` would spin on it forever.
+fn pop_chain<'m, M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m M,
+) -> Result<Option<DescriptorChain<&'m M>>, virtio_queue::Error> {
+    Ok(queue.iter(mem)?.next())
+}
+
+fn log_rx_error(
+    limiter: &mut LogLimiter,
+    r: Result<Option<u32>, packet::PacketError>,
+) -> Option<u32> {
     match r {
         Ok(len) => len,
         Err(e) => {
-            warn!("vsock: could not write a packet to the guest: {e}");
+            log_limited(limiter, Level::Warn, || {
+                format!("vsock: could not write a packet to the guest: {e}")
+            });
             Some(0)
         }
     }

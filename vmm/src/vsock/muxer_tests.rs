@@ -384,3 +384,212 @@ fn guest_to_host_stream_gets_credit_updates() {
         "the guest must hear about freed buffer space"
     );
 }
+
+/// The most lines `kinds` rate-limited kinds of warning may log since `started`: one each
+/// at first, and one more each per interval gone by.
+fn line_bound(kinds: u64, started: std::time::Instant) -> u64 {
+    use crate::vsock::log_limit::LOG_INTERVAL;
+    kinds * (1 + started.elapsed().as_secs() / LOG_INTERVAL.as_secs())
+}
+
+fn packet_ops(pkts: &[(PacketHeader, Vec<u8>)]) -> (usize, usize) {
+    let rsts = pkts.iter().filter(|p| p.0.op == OP_RST).count();
+    let responses = pkts.iter().filter(|p| p.0.op == OP_RESPONSE).count();
+    (rsts, responses)
+}
+
+#[test]
+fn a_flood_of_stray_packets_keeps_the_rst_queue_at_its_cap_and_logs_little() {
+    let mem = big_test_memory();
+    let mut f = fixture();
+    let started = std::time::Instant::now();
+    // No rx buffers: every RST waits. Ten times the cap of them.
+    for i in 0..(10 * MAX_RST_QUEUE as u32) {
+        f.muxer
+            .on_guest_packet(&rw(2000 + i, 7, b"x", 0), b"x")
+            .expect("stray");
+    }
+    assert_eq!(f.muxer.rst_queue.len(), MAX_RST_QUEUE);
+    let logged = f.muxer.warnings_logged();
+    assert!(
+        (1..=line_bound(1, started)).contains(&logged),
+        "{logged} lines"
+    );
+
+    // The queued ones go out, and the muxer answers strays again afterwards.
+    let mut rx = TestQueue::new(&mem, RX_BASE, RX_BUFS);
+    rx.add_rx_buffers(255, RX_BUF_SIZE);
+    f.muxer.process_rx(&mut rx.queue, &mem).expect("rx");
+    rx.add_rx_buffers(255, RX_BUF_SIZE);
+    f.muxer.process_rx(&mut rx.queue, &mem).expect("rx");
+    let pkts = rx.take_rx_packets();
+    assert_eq!(packet_ops(&pkts), (MAX_RST_QUEUE, 0));
+    assert!(!f.muxer.has_pending_rx());
+    f.muxer
+        .on_guest_packet(&rw(9, 7, b"x", 0), b"x")
+        .expect("stray");
+    assert_eq!(f.muxer.rst_queue.len(), 1);
+}
+
+#[test]
+fn a_flood_of_refused_guest_connects_is_answered_within_the_caps_and_logs_little() {
+    let mut f = fixture();
+    let started = std::time::Instant::now();
+    // Nobody listens on <uds>_4000: each REQUEST is refused with an RST.
+    for i in 0..(10 * MAX_RST_QUEUE as u32) {
+        f.muxer
+            .on_guest_packet(&guest_hdr(OP_REQUEST, 3000 + i, 4000), &[])
+            .expect("request");
+    }
+    assert_eq!(f.muxer.connection_count(), 0);
+    assert_eq!(f.muxer.rst_queue.len(), MAX_RST_QUEUE);
+    // Two kinds: refusals, and RSTs dropped at the cap.
+    let logged = f.muxer.warnings_logged();
+    assert!(
+        (2..=line_bound(2, started)).contains(&logged),
+        "{logged} lines"
+    );
+}
+
+#[test]
+fn guest_connections_beyond_the_cap_are_refused() {
+    let mem = big_test_memory();
+    let mut f = fixture();
+    f.muxer.limits.connections = 8;
+    let mut port_socket = f.uds.clone().into_os_string();
+    port_socket.push("_5000");
+    let _listener = UnixListener::bind(PathBuf::from(port_socket)).expect("port 5000");
+    for i in 0..20 {
+        f.muxer
+            .on_guest_packet(&guest_hdr(OP_REQUEST, 100 + i, 5000), &[])
+            .expect("request");
+    }
+    assert_eq!(f.muxer.connection_count(), 8);
+    let mut rx = TestQueue::new(&mem, RX_BASE, RX_BUFS);
+    rx.add_rx_buffers(64, RX_BUF_SIZE);
+    f.muxer.process_rx(&mut rx.queue, &mem).expect("rx");
+    assert_eq!(packet_ops(&rx.take_rx_packets()), (12, 8));
+
+    // A host CONNECT at the cap is closed without reaching the guest.
+    let mut host = UnixStream::connect(&f.uds).expect("dial");
+    host.write_all(b"CONNECT 1024\n").expect("connect line");
+    for _ in 0..10 {
+        f.muxer.process_host_events().expect("host events");
+    }
+    let mut buf = [0u8; 8];
+    assert_eq!(host.read(&mut buf).expect("read"), 0, "closed by the muxer");
+    assert_eq!(f.muxer.connection_count(), 8);
+    assert!(!f.muxer.has_pending_rx());
+}
+
+#[test]
+fn silent_hybrid_clients_beyond_the_cap_are_closed() {
+    let mut f = fixture();
+    f.muxer.limits.handshakes = 4;
+    let mut clients: Vec<UnixStream> = (0..10)
+        .map(|_| UnixStream::connect(&f.uds).expect("dial"))
+        .collect();
+    for _ in 0..10 {
+        f.muxer.process_host_events().expect("host events");
+    }
+    assert_eq!(f.muxer.handshakes.len(), 4);
+    let mut closed = 0;
+    for c in &mut clients {
+        c.set_nonblocking(true).expect("nonblocking");
+        if matches!(c.read(&mut [0u8; 1]), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 6);
+}
+
+#[test]
+fn a_flood_of_malformed_tx_packets_logs_little() {
+    let mem = big_test_memory();
+    let mut f = fixture();
+    let mut tx = TestQueue::new(&mem, TX_BASE, TX_BUFS);
+    let started = std::time::Instant::now();
+    let mut truncated = rw(1, 2, b"", 0);
+    truncated.len = 100; // announced, never sent
+    for _ in 0..10 {
+        for _ in 0..200 {
+            tx.add_tx_packet(&truncated, &[]);
+        }
+        f.muxer.process_tx(&mut tx.queue, &mem).expect("tx");
+        assert_eq!(tx.take_used().len(), 200, "every packet is returned");
+    }
+    assert!(
+        !f.muxer.has_pending_rx(),
+        "nothing answers a malformed packet"
+    );
+    let logged = f.muxer.warnings_logged();
+    assert!(
+        (1..=line_bound(1, started)).contains(&logged),
+        "{logged} lines"
+    );
+}
+
+#[test]
+fn repeated_protocol_violations_reset_each_connection_and_log_little() {
+    let mut f = fixture();
+    let mut port_socket = f.uds.clone().into_os_string();
+    port_socket.push("_5000");
+    let _listener = UnixListener::bind(PathBuf::from(port_socket)).expect("port 5000");
+    let started = std::time::Instant::now();
+    for i in 0..50 {
+        f.muxer
+            .on_guest_packet(&guest_hdr(OP_REQUEST, 100 + i, 5000), &[])
+            .expect("request");
+        // A second REQUEST on the established connection is a violation: it is reset.
+        f.muxer
+            .on_guest_packet(&guest_hdr(OP_REQUEST, 100 + i, 5000), &[])
+            .expect("violation");
+    }
+    assert_eq!(f.muxer.connection_count(), 0, "every connection was reset");
+    assert_eq!(
+        f.muxer.rst_queue.len(),
+        50,
+        "each reset is told to the guest"
+    );
+    // Two kinds: the connections (info) and the violations (warn).
+    let logged = f.muxer.warnings_logged();
+    assert!(
+        (2..=line_bound(2, started)).contains(&logged),
+        "{logged} lines"
+    );
+    assert_eq!(f.muxer.warnings.protocol.emitted(), 1);
+}
+
+/// Found by the vsock fuzz target (fuzz/, `virtio_mmio`): a driver whose avail index runs
+/// more than a queue's size ahead made `process_tx` and `process_rx` spin forever (no
+/// chain could be popped, yet the notification check kept reporting more). Now the queue
+/// is reported broken and the device thread goes on.
+#[test]
+fn an_avail_index_beyond_the_queue_size_is_an_error_not_a_spin() {
+    use vm_memory::{Bytes, GuestAddress};
+    let mut f = fixture();
+    let mem = big_test_memory();
+    let mut rx = TestQueue::new(&mem, RX_BASE, RX_BUFS);
+    let mut tx = TestQueue::new(&mem, TX_BASE, TX_BUFS);
+    let runaway = |q: &TestQueue<'_>| {
+        mem.write_obj(1000u16.to_le(), GuestAddress(q.queue.avail_ring() + 2))
+            .expect("avail idx");
+    };
+    runaway(&tx);
+    let r = f.muxer.process_tx(&mut tx.queue, &mem);
+    assert!(
+        matches!(r, Err(MuxerError::Queue { queue: "tx", .. })),
+        "{r:?}"
+    );
+    // A stray packet leaves an RST waiting for an rx buffer.
+    f.muxer
+        .on_guest_packet(&guest_hdr(OP_RW, 7, 9999), &[])
+        .expect("stray");
+    assert!(f.muxer.has_pending_rx());
+    runaway(&rx);
+    let r = f.muxer.process_rx(&mut rx.queue, &mem);
+    assert!(
+        matches!(r, Err(MuxerError::Queue { queue: "rx", .. })),
+        "{r:?}"
+    );
+}

@@ -26,7 +26,9 @@ pub enum UnixError {
     },
 }
 
-/// The hybrid vsock listening socket.
+/// The hybrid vsock listening socket. Its file stays when it is dropped (removing it would be
+/// unlink(2), which the seccomp filters of kata-vmm and kata-vsock forbid): the next bind
+/// replaces it, and the sandbox's run directory goes with the sandbox.
 #[derive(Debug)]
 pub struct HybridListener {
     listener: UnixListener,
@@ -87,12 +89,6 @@ impl HybridListener {
 impl AsRawFd for HybridListener {
     fn as_raw_fd(&self) -> RawFd {
         self.listener.as_raw_fd()
-    }
-}
-
-impl Drop for HybridListener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -12,12 +12,16 @@ use std::sync::{Arc, RwLock};
 use log::{debug, warn};
 use thiserror::Error;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::Listener;
 use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_NOTIFY_ON_EMPTY;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 use super::device::VsockDevice;
 use super::{EVENT_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
@@ -35,11 +39,10 @@ pub enum VhostUserVsockError {
     NoWorker,
     #[error("could not poll the vsock muxer from the vhost-user worker: {0}")]
     RegisterMuxer(io::Error),
-    #[error("serving vhost-user on {path} failed: {error}")]
-    Serve {
-        path: String,
-        error: vhost_user_backend::Error,
-    },
+    #[error("could not listen for the vhost-user frontend on {path}: {error}")]
+    Listen { path: String, error: io::Error },
+    #[error("serving the vhost-user frontend failed: {error}")]
+    Serve { error: vhost_user_backend::Error },
 }
 
 /// The vhost-user backend of one vsock device.
@@ -137,6 +140,18 @@ impl VhostUserBackendMut for VhostUserVsockBackend {
         buf
     }
 
+    /// Lets the daemon stop the vring worker when it is dropped (after the frontend left);
+    /// without it the drop would wait for the worker forever.
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                warn!("vsock: no exit event for the vring worker ({e}); it stops with the process");
+                None
+            }
+        }
+    }
+
     fn update_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
         self.mem = Some(mem);
         Ok(())
@@ -161,8 +176,28 @@ impl VhostUserBackendMut for VhostUserVsockBackend {
     }
 }
 
-/// Serves `device` on the vhost-user socket `socket` until the frontend disconnects.
-pub fn serve(device: VsockDevice, socket: &str) -> Result<(), VhostUserVsockError> {
+/// Binds the vhost-user socket `socket`, replacing a stale file left by an earlier run.
+/// Separate from [`serve`] so that a caller can confine itself (seccomp) in between: once
+/// both sockets are bound, serving opens nothing.
+pub fn listen(socket: &str) -> Result<Listener, VhostUserVsockError> {
+    let err = |error| VhostUserVsockError::Listen {
+        path: socket.to_string(),
+        error,
+    };
+    match std::fs::remove_file(socket) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(err(e)),
+        _ => {}
+    }
+    // A listener made from a std one does not unlink its path when dropped: that would be
+    // unlink(2) under kata-vsock's seccomp filter. The socket file stays until its directory
+    // is removed, or the next bind replaces it.
+    let listener = std::os::unix::net::UnixListener::bind(socket).map_err(err)?;
+    Ok(Listener::from(listener))
+}
+
+/// Serves `device` to the one frontend that connects to `listener`, until it disconnects.
+/// The vhost-user threads start here, so they inherit whatever filter the caller installed.
+pub fn serve(device: VsockDevice, mut listener: Listener) -> Result<(), VhostUserVsockError> {
     let muxer_fd = device.as_raw_fd();
     let backend = Arc::new(RwLock::new(VhostUserVsockBackend::new(device)));
     let mut daemon = VhostUserDaemon::new(
@@ -177,9 +212,16 @@ pub fn serve(device: VsockDevice, socket: &str) -> Result<(), VhostUserVsockErro
         .register_listener(muxer_fd, EventSet::IN, u64::from(BACKEND_EVENT))
         .map_err(VhostUserVsockError::RegisterMuxer)?;
     daemon
-        .serve(socket)
-        .map_err(|error| VhostUserVsockError::Serve {
-            path: socket.to_string(),
-            error,
-        })
+        .start(&mut listener)
+        .map_err(|error| VhostUserVsockError::Serve { error })?;
+    // A frontend that goes away, cleanly or in the middle of a message, ends the service
+    // (as VhostUserDaemon::serve treats it); the process exits right after, which also
+    // ends the vring worker.
+    match daemon.wait() {
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => Ok(()),
+        Err(error) => Err(VhostUserVsockError::Serve { error }),
+    }
 }
