@@ -11,6 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use super::mmio::VirtioDevice;
 use crate::logger::log;
 use crate::vsock::device::VIRTIO_ID_VSOCK;
+use crate::vsock::log_limit::LogLimiter;
 use crate::vsock::{MuxerError, VsockDevice, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
 const QUEUE_SIZE: u16 = 256;
@@ -19,6 +20,18 @@ const QUEUE_SIZE: u16 = 256;
 pub struct VsockMmioDevice {
     inner: VsockDevice,
     sizes: [u16; NUM_QUEUES],
+    /// The guest can make each of these fail at every kick (a broken ring stays broken):
+    /// one line per interval each, with a count.
+    rx_warnings: LogLimiter,
+    tx_warnings: LogLimiter,
+    host_warnings: LogLimiter,
+}
+
+/// Logs `what: e` at warn if `limiter` lets it through.
+fn warn_limited(limiter: &mut LogLimiter, what: &str, e: &MuxerError) {
+    if let Some(line) = limiter.line(|| format!("{what}: {e}")) {
+        log("warn", &line);
+    }
 }
 
 impl VsockMmioDevice {
@@ -27,6 +40,9 @@ impl VsockMmioDevice {
         Ok(VsockMmioDevice {
             inner: VsockDevice::new(guest_cid, uds_path)?,
             sizes: [QUEUE_SIZE; NUM_QUEUES],
+            rx_warnings: LogLimiter::default(),
+            tx_warnings: LogLimiter::default(),
+            host_warnings: LogLimiter::default(),
         })
     }
 
@@ -38,7 +54,7 @@ impl VsockMmioDevice {
         match self.inner.process_rx(rx, mem) {
             Ok(used) => used,
             Err(e) => {
-                log("warn", &format!("vsock rx: {e}"));
+                warn_limited(&mut self.rx_warnings, "vsock rx", &e);
                 false
             }
         }
@@ -68,7 +84,7 @@ impl VirtioDevice for VsockMmioDevice {
             if let Some(tx) = queues.get_mut(TX_QUEUE) {
                 match self.inner.process_tx(tx, mem) {
                     Ok(u) => used |= u,
-                    Err(e) => log("warn", &format!("vsock tx: {e}")),
+                    Err(e) => warn_limited(&mut self.tx_warnings, "vsock tx", &e),
                 }
             }
         }
@@ -85,7 +101,7 @@ impl VirtioDevice for VsockMmioDevice {
 
     fn process_host_event(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> bool {
         if let Err(e) = self.inner.process_host_events() {
-            log("warn", &format!("vsock host events: {e}"));
+            warn_limited(&mut self.host_warnings, "vsock host events", &e);
         }
         self.fill_rx(queues, mem)
     }
