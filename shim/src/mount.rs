@@ -360,22 +360,7 @@ mod newmount {
                         .map_err(std::io::Error::from)?;
                     nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS)
                         .map_err(std::io::Error::from)?;
-                    // SAFETY: both paths are NUL-terminated strings that outlive the
-                    // call; move_mount only reads them.
-                    let rc = unsafe {
-                        libc::syscall(
-                            libc::SYS_move_mount,
-                            tree.as_raw_fd(),
-                            c"".as_ptr(),
-                            libc::AT_FDCWD,
-                            to.as_ptr(),
-                            libc::MOVE_MOUNT_F_EMPTY_PATH,
-                        )
-                    };
-                    if rc < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
+                    move_mount(tree, &to)
                 })
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("the mounting thread panicked")))
@@ -385,7 +370,11 @@ mod newmount {
     /// Attaches the detached tree `tree` at `dst` (`move_mount`; a symlink at `dst` is
     /// not followed).
     pub fn attach(tree: &OwnedFd, dst: &Path) -> std::io::Result<()> {
-        let to = cstring(dst)?;
+        move_mount(tree, &cstring(dst)?).map_err(explain)
+    }
+
+    /// `move_mount(2)` of the detached tree `tree` onto `to`, not through a symlink.
+    fn move_mount(tree: &OwnedFd, to: &CString) -> std::io::Result<()> {
         // SAFETY: both paths are NUL-terminated strings that outlive the call;
         // move_mount only reads them.
         let rc = unsafe {
@@ -399,7 +388,7 @@ mod newmount {
             )
         };
         if rc < 0 {
-            return Err(explain(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }

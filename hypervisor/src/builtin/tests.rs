@@ -151,6 +151,28 @@ fn guest(dir: &Path, source: &str) -> Option<PathBuf> {
     ok.then_some(elf)
 }
 
+/// A backend running kata-vmm on the tiny guest `guest` assembles under `dir`, or None
+/// (the skip said why) without kata-vmm, /dev/kvm or binutils.
+fn tiny_guest_backend(
+    dir: &Path,
+    guest: fn(&Path) -> Option<PathBuf>,
+) -> Option<(Builtin, VmConfig)> {
+    let Some(vmm) = kata_vmm() else {
+        skipped("needs kata-vmm built (cargo build -p vmm)");
+        return None;
+    };
+    if !Path::new("/dev/kvm").exists() {
+        skipped("needs /dev/kvm");
+        return None;
+    }
+    let Some(kernel) = guest(dir) else {
+        skipped("needs binutils (as, ld)");
+        return None;
+    };
+    std::fs::write(dir.join("initrd"), b"not a real initrd").unwrap();
+    Some(backend_in(dir, vmm, kernel))
+}
+
 /// A backend running `vmm` on `kernel`, with run and shared dirs made under `dir`.
 fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) {
     let run_dir = dir.join("run");
@@ -175,21 +197,10 @@ fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) 
 
 #[tokio::test]
 async fn starts_and_stops_kata_vmm_by_pid() {
-    let Some(vmm) = kata_vmm() else {
-        skipped("needs kata-vmm built (cargo build -p vmm)");
-        return;
-    };
-    if !Path::new("/dev/kvm").exists() {
-        skipped("needs /dev/kvm");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let Some(kernel) = spin_guest(dir.path()) else {
-        skipped("needs binutils (as, ld)");
+    let Some((mut backend, vm)) = tiny_guest_backend(dir.path(), spin_guest) else {
         return;
     };
-    std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
-    let (mut backend, vm) = backend_in(dir.path(), vmm, kernel);
     let info = backend.start_vm(&vm).await.unwrap();
     // kata-vmm and the two virtiofsds (share and rootfs share) its virtio-fs frontends
     // are connected to.
@@ -241,21 +252,10 @@ async fn starts_and_stops_kata_vmm_by_pid() {
 /// console.log (bounded: see `crate::console`).
 #[tokio::test]
 async fn the_serial_console_reaches_console_log() {
-    let Some(vmm) = kata_vmm() else {
-        skipped("needs kata-vmm built (cargo build -p vmm)");
-        return;
-    };
-    if !Path::new("/dev/kvm").exists() {
-        skipped("needs /dev/kvm");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let Some(kernel) = serial_guest(dir.path()) else {
-        skipped("needs binutils (as, ld)");
+    let Some((mut backend, vm)) = tiny_guest_backend(dir.path(), serial_guest) else {
         return;
     };
-    std::fs::write(dir.path().join("initrd"), b"not a real initrd").unwrap();
-    let (mut backend, vm) = backend_in(dir.path(), vmm, kernel);
     let info = backend.start_vm(&vm).await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut seen = String::new();
