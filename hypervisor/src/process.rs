@@ -364,6 +364,39 @@ fn group_alive(pid: i32) -> bool {
     !matches!(kill(Pid::from_raw(-pid), None), Err(Errno::ESRCH))
 }
 
+/// Whether process group `pid` has a member that has not exited. Zombies do not count:
+/// after a crashed shim its helpers are orphans whose reaper (init, or whoever adopted
+/// them) may take its time, and waiting for that held up clean-up by seconds.
+fn group_runs(pid: i32) -> bool {
+    if !group_alive(pid) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| live_group_of(&stat))
+                == Some(pid)
+        })
+}
+
+/// The process group of a `/proc/<pid>/stat` line, if the process has not exited.
+fn live_group_of(stat: &str) -> Option<i32> {
+    // The fields after the parenthesised command name (which may itself hold ')'):
+    // state, ppid, pgrp, ...
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(1)?.parse().ok()
+}
+
 /// Whether `pid` is (or, gone, was) a group leader: its group exists. A pid that never
 /// led a group has none, so an unrelated process is never signalled this way.
 fn leads_group(pid: i32) -> bool {
@@ -377,7 +410,7 @@ fn wait_gone(mut alive: Vec<i32>, timeout: Duration) -> Vec<i32> {
     // then less often.
     let mut pause = Duration::from_millis(1);
     loop {
-        alive.retain(|&pid| exit_description(pid).is_none() || group_alive(pid));
+        alive.retain(|&pid| exit_description(pid).is_none() || group_runs(pid));
         if alive.is_empty() || Instant::now() >= deadline {
             return alive;
         }
@@ -610,7 +643,26 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         assert!(group_alive(pid));
         assert!(kill_and_reap(&[pid], Duration::from_millis(300)).is_empty());
-        assert!(!group_alive(pid), "the worker was stopped with its parent");
+        assert!(!group_runs(pid), "the worker was stopped with its parent");
+    }
+
+    #[test]
+    fn a_group_of_zombies_no_longer_runs() {
+        // Exited but not reaped (as a crashed shim's orphaned helpers wait for init).
+        let child = Command::new("true").process_group(0).spawn().unwrap();
+        let pid = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(group_alive(pid), "the unreaped group is still there");
+        assert!(!group_runs(pid));
+        assert!(kill_and_reap(&[pid], Duration::from_secs(5)).is_empty());
+    }
+
+    #[test]
+    fn the_group_of_a_stat_line() {
+        let stat = "42 (a) b) c) S 1 977 977 0 -1 4194560 100";
+        assert_eq!(live_group_of(stat), Some(977));
+        assert_eq!(live_group_of("42 (x) Z 1 977 977 0"), None);
+        assert_eq!(live_group_of("garbage"), None);
     }
 
     #[test]
