@@ -649,8 +649,11 @@ mod tests {
     #[test]
     fn a_group_of_zombies_no_longer_runs() {
         // Exited but not reaped (as a crashed shim's orphaned helpers wait for init).
-        let child = Command::new("true").process_group(0).spawn().unwrap();
-        let pid = child.id() as i32;
+        let pid = Command::new("true")
+            .process_group(0)
+            .spawn()
+            .map(|c| c.id() as i32)
+            .unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert!(group_alive(pid), "the unreaped group is still there");
         assert!(!group_runs(pid));
