@@ -18,6 +18,7 @@
 //! the accelerator probe cache under `/run/kata-containers/`.
 
 pub mod accel;
+pub mod adopted;
 pub mod agent_params;
 pub mod builtin;
 pub mod console;
@@ -25,8 +26,9 @@ mod error;
 pub mod jail;
 pub mod process;
 pub mod qemu;
+/// The visible skip line of this workspace's tests (see `vmm_contract::test_skip`).
 #[cfg(any(test, feature = "test-utils"))]
-pub mod test_skip;
+pub use vmm_contract::test_skip;
 mod virtiofsd;
 mod vm;
 

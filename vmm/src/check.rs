@@ -1,15 +1,18 @@
 //! `kata-vmm check`: can this host's KVM run kata-vmm at full speed, and if not, why not.
 //!
-//! It uses the project's one KVM probe (`hypervisor::accel`): the same test guest, the same
+//! It uses the project's one KVM probe (`vmm_contract::kvm`): the same test guest, the same
 //! threshold and the same per-boot cache as the builtin backend's refusal of a slow KVM,
 //! QEMU's `auto` accelerator and `kata-runtime check`, so none of them can disagree. A
 //! check probes afresh (at most about 250 ms) and refreshes that cache.
 
-pub use hypervisor::accel::KvmVerdict as Verdict;
+use std::path::Path;
 
-/// Runs the check: a fresh probe of `/dev/kvm`.
+pub use vmm_contract::kvm::KvmVerdict as Verdict;
+
+/// Runs the check: a fresh probe of `/dev/kvm`, remembered for this boot (a cache that
+/// cannot be written only means the next sandbox probes again).
 pub fn check() -> Verdict {
-    hypervisor::accel::probe_kvm(&hypervisor::discard_logger())
+    vmm_contract::kvm::probe_and_remember(Path::new(vmm_contract::kvm::PROBE_CACHE)).0
 }
 
 #[cfg(test)]
@@ -36,7 +39,7 @@ mod tests {
             .open("/dev/kvm")
             .is_err()
         {
-            hypervisor::test_skip::skipped("needs a /dev/kvm it can open");
+            vmm_contract::test_skip::skipped("needs a /dev/kvm it can open");
             return;
         }
         let started = std::time::Instant::now();

@@ -2,7 +2,7 @@
 //! path. It is its own crate so the shim, which only spawns these binaries, stays lean.
 //!
 //! kata-vmm, read in this order: [`config`] (vmm.json, the type shared with the hypervisor
-//! crate) → [`builder`] (assembles and runs a VM) → [`vstate`] (memory, VM, vCPUs) →
+//! crate through `vmm-contract`) → [`builder`] (assembles and runs a VM) → [`vstate`] (memory, VM, vCPUs) →
 //! [`arch`] (layout, boot protocol, registers, CPUID) → [`devices`] (the buses; legacy
 //! serial and i8042; virtio: the mmio transport, rng, vsock glue, virtio-fs through
 //! vhost-user, block, net on a tap).
@@ -13,8 +13,8 @@ pub mod arch;
 pub mod builder;
 pub mod check;
 /// `vmm.json`, the configuration kata-vmm boots: the one typed contract with the
-/// hypervisor crate's builtin backend, which writes it.
-pub use hypervisor::builtin::vmm_json as config;
+/// hypervisor crate's builtin backend, which writes it (both use `vmm-contract`).
+pub use vmm_contract::vmm_json as config;
 pub mod devices;
 pub mod logger;
 pub mod seccomp;

@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use guests::*;
-use hypervisor::test_skip::skipped;
+use vmm_contract::test_skip::skipped;
 use vmm::devices::virtio::net::test_utils::{self as net, taps_available};
 
 const DEADLINE: Duration = Duration::from_secs(30);

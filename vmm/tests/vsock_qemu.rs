@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hypervisor::test_skip::skipped;
+use vmm_contract::test_skip::skipped;
 
 #[path = "support/confinement.rs"]
 mod confinement;

@@ -1,7 +1,8 @@
 //! The project's one KVM probe, and QEMU's accelerator choice from it.
 //!
-//! [`probe_kvm`] runs a tiny real-mode guest on `/dev/kvm` (see [`probe`]) for at most
-//! [`PROBE_DEADLINE`] and classifies the run as a [`KvmVerdict`] (see [`verdict`]). Some
+//! [`probe_kvm`] runs a tiny real-mode guest on `/dev/kvm` (the probe lives in
+//! `vmm_contract::kvm`, which kata-vmm shares) for at most [`PROBE_DEADLINE`] and
+//! classifies the run as a [`KvmVerdict`]. Some
 //! hosts expose a `/dev/kvm` that answers every ioctl but emulates the guest far too
 //! slowly to boot Linux; this catches them. `auto` picks KVM only on a full-speed verdict.
 //! The verdict is cached per boot in [`PROBE_CACHE`] (keyed by the kernel's boot id) so
@@ -9,25 +10,18 @@
 //! `kata-runtime check` probe afresh and refresh the cache, so what they report is what
 //! the next sandbox uses.
 
-mod probe;
 pub mod tsc;
-mod verdict;
 
-pub use verdict::{GuestRun, KvmVerdict, FULL_SPEED_INSTRUCTIONS_PER_SEC};
+pub use vmm_contract::kvm::{
+    GuestRun, KvmVerdict, FULL_SPEED_INSTRUCTIONS_PER_SEC, PROBE_CACHE, PROBE_DEADLINE,
+};
 
 use std::fmt;
 use std::path::Path;
-use std::time::Duration;
 
 use kata_config::Accelerator;
 use slog::{info, warn, Logger};
-
-/// Where the verdict of the probe is kept for the rest of this boot.
-pub const PROBE_CACHE: &str = "/run/kata-containers/accel-probe";
-/// How long the probe guest may take to reach HLT; real KVM needs a few milliseconds.
-/// Short enough that `kata-runtime check` stays under a second on a slow KVM.
-pub const PROBE_DEADLINE: Duration = Duration::from_millis(250);
-const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+use vmm_contract::kvm;
 
 /// The accelerator QEMU runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +112,7 @@ fn choose_with(
 /// The verdict for this boot (cached, else a fresh probe), and a note on where it came
 /// from.
 fn cached_verdict(cache: &Path, logger: &Logger) -> (KvmVerdict, &'static str) {
-    match boot_id().and_then(|id| read_cache(cache, &id)) {
+    match kvm::cached_verdict(cache) {
         Some(cached) => (cached, " (cached for this boot)"),
         None => (probe_and_remember(cache, logger), ""),
     }
@@ -162,51 +156,15 @@ pub fn probe_kvm(logger: &Logger) -> KvmVerdict {
 /// The verdict sandboxes use: the cached one for this boot, else a fresh probe.
 pub fn kvm_verdict(logger: &Logger) -> KvmVerdict {
     let cache = Path::new(PROBE_CACHE);
-    boot_id()
-        .and_then(|id| read_cache(cache, &id))
-        .unwrap_or_else(|| probe_and_remember(cache, logger))
+    kvm::cached_verdict(cache).unwrap_or_else(|| probe_and_remember(cache, logger))
 }
 
 fn probe_and_remember(cache: &Path, logger: &Logger) -> KvmVerdict {
-    let verdict = KvmVerdict::from_run(probe::run_probe_guest(PROBE_DEADLINE), PROBE_DEADLINE);
-    if let Some(boot_id) = boot_id() {
-        if let Err(e) = write_cache(cache, &boot_id, &verdict) {
-            warn!(logger, "cannot cache the KVM probe's verdict"; "path" => cache.display().to_string(), "error" => e.to_string());
-        }
+    let (verdict, written) = kvm::probe_and_remember(cache);
+    if let Err(e) = written {
+        warn!(logger, "cannot cache the KVM probe's verdict"; "path" => cache.display().to_string(), "error" => e.to_string());
     }
     verdict
-}
-
-fn boot_id() -> Option<String> {
-    let id = std::fs::read_to_string(BOOT_ID).ok()?.trim().to_string();
-    (!id.is_empty()).then_some(id)
-}
-
-/// The cache file: a `boot_id=...` line, then [`KvmVerdict::cache_fields`].
-fn read_cache(cache: &Path, boot_id: &str) -> Option<KvmVerdict> {
-    let text = std::fs::read_to_string(cache).ok()?;
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .map(str::to_string)
-    };
-    if field("boot_id")? != boot_id {
-        return None;
-    }
-    KvmVerdict::from_cache_fields(field)
-}
-
-fn write_cache(cache: &Path, boot_id: &str, verdict: &KvmVerdict) -> std::io::Result<()> {
-    if let Some(dir) = cache.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    // Written aside and renamed, so a concurrent reader sees the old file or the new one.
-    let tmp = cache.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(
-        &tmp,
-        format!("boot_id={boot_id}\n{}", verdict.cache_fields()),
-    )?;
-    std::fs::rename(&tmp, cache)
 }
 
 #[cfg(test)]
@@ -251,23 +209,6 @@ mod tests {
     }
 
     #[test]
-    fn cache_round_trip_is_keyed_by_boot_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("sub/accel-probe");
-        let verdict = KvmVerdict::FullSpeed { rate: 2e9 };
-        write_cache(&cache, "boot-1", &verdict).unwrap();
-        let read = read_cache(&cache, "boot-1").unwrap();
-        assert_eq!(read, verdict);
-        assert_eq!(accel_for(&read, "").accel, Accel::Kvm);
-        assert_eq!(read_cache(&cache, "boot-2"), None);
-        std::fs::write(&cache, "garbage").unwrap();
-        assert_eq!(read_cache(&cache, "boot-1"), None);
-        // The format before the verdict was shared: read as absent, so it is re-probed.
-        std::fs::write(&cache, "boot_id=boot-1\naccel=kvm\nreason=x\n").unwrap();
-        assert_eq!(read_cache(&cache, "boot-1"), None);
-    }
-
-    #[test]
     fn only_a_full_speed_verdict_picks_kvm() {
         let slow = KvmVerdict::Slow {
             rate: 1.3e6,
@@ -292,10 +233,10 @@ mod tests {
         eprintln!("probe verdict: {} ({})", first.accel, first.reason);
         let second = choose_with(Accelerator::Auto, || cached_verdict(&cache, &log)).unwrap();
         assert_eq!(first.accel, second.accel);
-        if boot_id().is_some() {
+        if kvm::boot_id().is_some() {
             assert!(second.reason.contains("cached"), "{}", second.reason);
         } else {
-            eprintln!("skipped the cache assertion: no {BOOT_ID} here");
+            eprintln!("skipped the cache assertion: no boot id here");
         }
     }
 }

@@ -33,7 +33,7 @@ pub fn tcg_clock_params() -> Option<String> {
 /// None where the TSC is not invariant or the measurement did not settle.
 pub fn host_tsc_khz() -> Option<u32> {
     let cache = Path::new(TSC_CACHE);
-    let boot_id = super::boot_id();
+    let boot_id = vmm_contract::kvm::boot_id();
     if let Some(id) = &boot_id {
         if let Some(khz) = read_cache(cache, id) {
             return Some(khz);

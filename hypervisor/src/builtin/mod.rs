@@ -30,7 +30,7 @@ use crate::virtiofsd::{log_command, FsFiles, Shares};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
 use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
-pub mod vmm_json;
+pub use vmm_contract::vmm_json;
 
 /// The kernel command line before the user's `kernel_params`: a reset (through the i8042,
 /// `reboot=k`) or a panic ends kata-vmm; there is no PCI bus and only a minimal i8042.

@@ -17,12 +17,9 @@ pub enum VmError {
     /// /dev/kvm could not be opened.
     #[error("Cannot open /dev/kvm: {0}")]
     OpenKvm(#[source] kvm_ioctls::Error),
-    /// The KVM API version is not the stable one.
-    #[error("KVM API version {0} is not supported; version 12 is needed.")]
-    ApiVersion(i32),
-    /// A required KVM capability is missing.
-    #[error("KVM lacks the capability {0:?}, which the VMM needs.")]
-    MissingCap(Cap),
+    /// KVM does not offer what the VMM needs (`vmm_contract::kvm::check_requirements`).
+    #[error("{0} The VMM cannot run on it.")]
+    Unmet(#[from] vmm_contract::kvm::Unmet),
     /// KVM_CREATE_VM failed.
     #[error("Cannot create the KVM VM: {0}")]
     CreateVm(#[source] kvm_ioctls::Error),
@@ -62,22 +59,7 @@ impl Vm {
     /// Creates the VM with irqchip, PIT, TSS and identity map.
     pub fn new() -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-        let version = kvm.get_api_version();
-        if version != 12 {
-            return Err(VmError::ApiVersion(version));
-        }
-        for cap in [
-            Cap::Irqchip,
-            Cap::Ioeventfd,
-            Cap::Irqfd,
-            Cap::UserMemory,
-            Cap::SetTssAddr,
-            Cap::Pit2,
-        ] {
-            if !kvm.check_extension(cap) {
-                return Err(VmError::MissingCap(cap));
-            }
-        }
+        vmm_contract::kvm::check_requirements(&kvm)?;
         let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
         fd.set_tss_address(KVM_TSS_ADDRESS as usize)
             .map_err(VmError::SetTss)?;

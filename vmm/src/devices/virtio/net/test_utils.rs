@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hypervisor::test_skip::skipped;
+use vmm_contract::test_skip::skipped;
 
 use super::tap::TUN_DEVICE;
 

@@ -111,7 +111,7 @@ impl KvmVerdict {
     }
 
     /// The lines of the per-boot cache file (see `super::read_cache`).
-    pub(super) fn cache_fields(&self) -> String {
+    pub(crate) fn cache_fields(&self) -> String {
         let (kind, rate, reason) = match self {
             Self::FullSpeed { rate } => ("full-speed", *rate, ""),
             Self::Slow { rate, reason } => ("slow", *rate, reason.as_str()),
@@ -122,7 +122,7 @@ impl KvmVerdict {
     }
 
     /// The inverse of [`Self::cache_fields`]; `None` for anything it did not write.
-    pub(super) fn from_cache_fields(field: impl Fn(&str) -> Option<String>) -> Option<Self> {
+    pub(crate) fn from_cache_fields(field: impl Fn(&str) -> Option<String>) -> Option<Self> {
         let rate = field("rate")?.parse::<f64>().ok()?;
         let reason = field("reason")?;
         match field("verdict")?.as_str() {

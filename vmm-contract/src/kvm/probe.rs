@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_regs, kvm_userspace_memory_region};
-use kvm_ioctls::{Cap, Kvm, VcpuExit};
+use kvm_ioctls::{Kvm, VcpuExit};
 
 use super::verdict::GuestRun;
 
@@ -21,15 +21,6 @@ use super::verdict::GuestRun;
 /// seconds on an emulated one.
 const LOOP_COUNT: u32 = 5_000_000;
 const PAGE: usize = 4096;
-/// What kata-vmm needs of KVM beyond running a vCPU (QEMU's microvm uses the same).
-const NEEDED_CAPS: [Cap; 6] = [
-    Cap::Irqchip,
-    Cap::Ioeventfd,
-    Cap::Irqfd,
-    Cap::UserMemory,
-    Cap::SetTssAddr,
-    Cap::Pit2,
-];
 
 /// The signal that kicks the probe's vCPU out of `KVM_RUN`. SIGRTMIN+0 is left to the
 /// builtin VMM's vCPU threads (as in Firecracker); this one is private to the probe.
@@ -106,15 +97,7 @@ pub(super) fn run_probe_guest(deadline: Duration) -> Result<GuestRun, String> {
 /// Opens `/dev/kvm` and checks what kata-vmm and QEMU need of it.
 fn open_kvm() -> Result<Kvm, String> {
     let kvm = Kvm::new().map_err(|e| format!("cannot open /dev/kvm: {e}."))?;
-    if kvm.get_api_version() != 12 {
-        return Err(format!(
-            "KVM API version {} is not 12.",
-            kvm.get_api_version()
-        ));
-    }
-    if let Some(cap) = NEEDED_CAPS.iter().find(|c| !kvm.check_extension(**c)) {
-        return Err(format!("KVM lacks the capability {cap:?}."));
-    }
+    super::check_requirements(&kvm).map_err(|e| e.to_string())?;
     Ok(kvm)
 }
 

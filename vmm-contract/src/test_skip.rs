@@ -1,5 +1,5 @@
 //! Skipping a test that cannot run on this host, visibly: for the tests of this workspace
-//! (this crate's and `vmm`'s), not for production code.
+//! (`hypervisor`'s, `vmm`'s and this crate's), not for production code.
 //!
 //! libtest captures what a passing test prints, so a test that returns early after an
 //! `eprintln!` reads as passed and its note is lost. [`skipped`] writes past the capture,
