@@ -19,10 +19,7 @@ use kata_agent::stdio::PIPE_SIZE;
 use kata_agent::stdio_streams::set_output_window;
 use slog::{info, warn, Logger};
 
-pub const BENCH_SINK_PORT: u32 = 1025;
-
-/// The kernel command line word that turns the sink on.
-const ENABLE_PARAM: &str = "agent.bench_sink=1";
+use protocols::{BENCH_SINK_PARAM as ENABLE_PARAM, BENCH_SINK_VSOCK_PORT as BENCH_SINK_PORT};
 
 /// Whether the kernel command line `cmdline` (/proc/cmdline) asks for the sink.
 pub fn requested(cmdline: &str) -> bool {

@@ -143,11 +143,8 @@ impl Sandbox {
         stdin: bool,
         pod_sandbox: bool,
     ) -> Result<()> {
-        if id.is_empty() || id.contains('/') || id.starts_with('.') {
-            return Err(AgentError::InvalidArgument(format!(
-                "invalid container id {id:?}"
-            )));
-        }
+        protocols::id::validate(id)
+            .map_err(|e| AgentError::InvalidArgument(format!("container id {e}")))?;
         if self.containers.lock().await.contains_key(id) {
             return Err(AgentError::AlreadyExists(format!(
                 "container {id} already exists"

@@ -15,6 +15,8 @@ pub mod agent_ttrpc {
     include!(concat!(env!("OUT_DIR"), "/agent_ttrpc.rs"));
 }
 
+pub mod hybrid_vsock;
+pub mod id;
 pub mod stdio;
 
 /// containerd's runtime options message (`runtimeoptions.v1.Options`), which carries the
@@ -98,6 +100,14 @@ pub const STDIO_VSOCK_PORT: u32 = 1028;
 /// then carries the connection's bytes both ways. How `kubectl port-forward` reaches a
 /// pod whose network is inside the VM.
 pub const PORT_FORWARD_VSOCK_PORT: u32 = 1027;
+
+/// The vsock port of the agent's bench sink (host only), served only when the kernel
+/// command line carries [`BENCH_SINK_PARAM`]: each host connection gets zeros through the
+/// path container stdout takes, for `make bench`'s throughput row.
+pub const BENCH_SINK_VSOCK_PORT: u32 = 1025;
+
+/// The kernel command line word that turns the agent's bench sink on.
+pub const BENCH_SINK_PARAM: &str = "agent.bench_sink=1";
 
 /// Where the agent keeps the pod's shared namespaces (`ipc`, `uts`, `pid`), those of its
 /// sandbox container, for the pod's other containers to join.

@@ -46,17 +46,8 @@ pub fn run(id: &str) -> Result<(), String> {
 
 /// The hybrid vsock socket of sandbox `id`, with an error that says what is missing.
 fn hybrid_vsock_socket(id: &str, state_root: &Path, vm_root: &Path) -> Result<PathBuf, String> {
-    let valid = !id.is_empty()
-        && !id.starts_with('.')
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if !valid {
-        return Err(format!(
-            "{id:?} is not a sandbox id: expected letters, digits, '-', '_' and '.', as \
-             `ctr task ls` shows them"
-        ));
-    }
+    protocols::id::validate(id)
+        .map_err(|e| format!("{e}: pass a sandbox id as `ctr task ls` shows it"))?;
     let state = state_root.join(id).join("persist.json");
     if !state.is_file() {
         return Err(format!(
@@ -98,7 +89,7 @@ fn connect(socket: &Path, port: u32) -> Result<UnixStream, String> {
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(setup)?;
     stream
-        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .write_all(protocols::hybrid_vsock::connect_line(port).as_bytes())
         .map_err(setup)?;
     let reply = read_reply(&mut stream).map_err(|e| {
         format!(
@@ -119,19 +110,11 @@ fn read_reply(stream: &mut UnixStream) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&line).into_owned())
 }
 
-/// `OK <host port>` (either case) means the guest accepted; the VMM side closes (an empty
-/// reply) or answers otherwise when nothing listens on the port.
+/// Whether the guest accepted; the VMM side closes (an empty reply) or answers otherwise
+/// when nothing listens on the port (see [`protocols::hybrid_vsock`]).
 fn check_reply(reply: &str, port: u32) -> Result<(), String> {
-    if reply.to_ascii_uppercase().starts_with("OK") {
-        return Ok(());
-    }
-    let answered = match reply.trim_end() {
-        "" => "closed the connection".to_string(),
-        other => format!("answered {other:?}"),
-    };
-    Err(format!(
-        "{CONSOLE_DISABLED} (the guest {answered} to CONNECT {port})"
-    ))
+    protocols::hybrid_vsock::check_reply(reply)
+        .map_err(|refused| format!("{CONSOLE_DISABLED} (the guest {refused} to CONNECT {port})"))
 }
 
 /// Relays stdin to the guest and the guest to stdout until the guest closes.
@@ -213,7 +196,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for id in ["", "..", "../etc", "a/b", ".hidden", "a b"] {
             let err = hybrid_vsock_socket(id, dir.path(), dir.path()).unwrap_err();
-            assert!(err.contains("is not a sandbox id"), "{id}: {err}");
+            assert!(err.contains("is not a valid id"), "{id}: {err}");
         }
     }
 

@@ -30,8 +30,8 @@ const GUEST_OWN_TREES: &[&str] = &["/dev"];
 pub enum SpecError {
     #[error("config.json is not a valid OCI spec: {0}")]
     Invalid(String),
-    #[error("container id {0:?} is not valid: an id must be non-empty, not `.` or `..`, and hold no `/`")]
-    BadId(String),
+    #[error("container id {0}")]
+    BadId(protocols::id::InvalidId),
     #[error("mount {index} ({destination}): bind source {path} does not exist on the host")]
     MissingSource {
         index: usize,
@@ -56,24 +56,19 @@ pub enum SpecError {
         destination: String,
         detail: String,
     },
-    #[error(
-        "annotation {key} names sandbox {value:?}, which is not a valid id: an id must be \
-         non-empty, not `.` or `..`, and hold no `/`"
-    )]
-    BadSandboxId { key: &'static str, value: String },
+    #[error("annotation {key} names sandbox {value:?}, which is not a valid id: {source}")]
+    BadSandboxId {
+        key: &'static str,
+        value: String,
+        source: protocols::id::InvalidId,
+    },
 }
 
-/// An id names directories on the host and in the guest, so it must be one path
-/// component. (containerd enforces a stricter pattern; other Task API callers may not.)
+/// An id names directories on the host and in the guest: it must pass the one id rule
+/// every side applies ([`protocols::id`], containerd's), checked before any host work,
+/// whoever calls the Task API.
 pub fn check_id(id: &str) -> Result<(), SpecError> {
-    if !valid_id(id) {
-        return Err(SpecError::BadId(id.to_string()));
-    }
-    Ok(())
-}
-
-fn valid_id(id: &str) -> bool {
-    !(id.is_empty() || id == "." || id == ".." || id.contains('/') || id.contains('\0'))
+    protocols::id::validate(id).map_err(SpecError::BadId)
 }
 
 /// Where the guest finds container `cid`'s directory of the share.
@@ -362,8 +357,10 @@ pub fn sandbox_of(spec: &Value, cid: &str) -> Result<String, SpecError> {
     };
     match get(annotations::CONTAINER_TYPE) {
         Some((_, t)) if t == "container" => match get(annotations::SANDBOX_ID) {
-            Some((key, value)) if !valid_id(&value) => Err(SpecError::BadSandboxId { key, value }),
-            Some((_, value)) => Ok(value),
+            Some((key, value)) => match protocols::id::validate(&value) {
+                Ok(()) => Ok(value),
+                Err(source) => Err(SpecError::BadSandboxId { key, value, source }),
+            },
             None => Ok(cid.to_string()),
         },
         _ => Ok(cid.to_string()),

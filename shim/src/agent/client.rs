@@ -43,18 +43,15 @@ async fn read_line_unbuffered(stream: &mut UnixStream, max: usize) -> std::io::R
 pub async fn hybrid_vsock_connect(socket: &Path, port: u32) -> std::io::Result<UnixStream> {
     let mut stream = UnixStream::connect(socket).await?;
     stream
-        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .write_all(protocols::hybrid_vsock::connect_line(port).as_bytes())
         .await?;
-    let reply = read_line_unbuffered(&mut stream, MAX_ANSWER_LINE).await?;
-    if !reply.to_ascii_uppercase().starts_with("OK") {
-        return Err(std::io::Error::new(
+    let reply = read_line_unbuffered(&mut stream, protocols::hybrid_vsock::MAX_REPLY_LINE).await?;
+    protocols::hybrid_vsock::check_reply(&reply).map_err(|refused| {
+        std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
-            format!(
-                "hybrid vsock handshake for port {port} answered {:?}",
-                reply.trim_end()
-            ),
-        ));
-    }
+            format!("hybrid vsock handshake for port {port}: the VMM side {refused}"),
+        )
+    })?;
     Ok(stream)
 }
 
