@@ -74,27 +74,16 @@ pub struct QemuLaunch<'a> {
 pub const QEMU_SANDBOX: &str =
     "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
-/// Added under TCG. TCG caches translated guest code by physical page and notices only
-/// writes made through QEMU itself; virtiofsd fills guest page-cache pages through its
-/// own mapping of guest memory, so a page that once held translated code could run stale
-/// translations once reused for a file's text (container binaries crashed at random, a
-/// program replaced on a volume ran its old code). `virtiofs.clear_reply_pages`, from our
-/// guest kernel's patch (`guest/patches/`), has the guest CPU zero each page before
-/// virtiofsd fills it, which drops those translations. It replaces `init_on_alloc=1`,
-/// which zeroed every page the guest allocates, pipe and socket buffers too: container
-/// stdout ran at about two thirds of its rate. Another kernel under TCG needs
-/// `init_on_alloc=1` in `kernel_params`.
-///
-/// `nolapic_timer`: under TCG the kernel calibrates and verifies the local APIC timer
-/// against the PIT, about 220 ms of every boot; the PIT serves as the clock event device
-/// instead. (Under KVM the LAPIC timer needs no calibration and stays.)
-///
-/// `keep_initmem`, from our guest kernel's patch: the kernel keeps its init sections
-/// (~800 KiB, read-only and non-executable) instead of freeing them after boot. Their
-/// code has been translated, and the first stores into each of those pages, the int3
-/// fill at free time or later whoever reuses the page, take TCG's slow path that drops
-/// the translations: ~115 ms of every boot (the bare boot 563 -> 448 ms). Under KVM
-/// freeing costs nothing and the memory is worth more.
+/// Added under TCG only (bench/README.md has the measurements):
+/// - `virtiofs.clear_reply_pages` (our kernel patch, `guest/patches/`): the guest CPU
+///   zeroes each page before virtiofsd fills it. TCG drops translations only on writes it
+///   sees, and virtiofsd writes through its own mapping, so a reused page could run stale
+///   code. Cheaper than `init_on_alloc=1`, which a kernel without the patch needs instead.
+/// - `nolapic_timer`: the LAPIC timer's calibration against the PIT is slow under TCG;
+///   the PIT serves as clock event device. KVM needs no calibration and keeps it.
+/// - `keep_initmem` (our kernel patch): the kernel keeps its translated init sections
+///   instead of freeing them, since the first stores into freed code pages take TCG's slow
+///   path. Under KVM freeing costs nothing and the memory is worth more.
 pub const TCG_KERNEL_PARAMS: &str = "virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem";
 
 /// The guest kernel command line.
