@@ -6,7 +6,7 @@
 //! channel container stdout travels through. A production sandbox has no such port; when
 //! there is one, it serves the host only, like the API (see `host_only`). It writes as the
 //! stdio streams do, a pipe-full (`stdio::PIPE_SIZE`) per write on a socket with their
-//! window (`stdio_streams::set_output_window`), so that it measures the channel and not
+//! window (`stdio::streams::set_output_window`), so that it measures the channel and not
 //! its own system calls (64 KiB writes, each a system call and a wake-up, held it to
 //! about two thirds of the channel under TCG). One plain thread per connection; no async.
 
@@ -15,8 +15,8 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 
 use kata_agent::host_only::{accept_from_host, blocking_listener};
+use kata_agent::stdio::streams::set_output_window;
 use kata_agent::stdio::PIPE_SIZE;
-use kata_agent::stdio_streams::set_output_window;
 use slog::{info, warn, Logger};
 
 use protocols::{BENCH_SINK_PARAM as ENABLE_PARAM, BENCH_SINK_VSOCK_PORT as BENCH_SINK_PORT};

@@ -3,8 +3,8 @@
 //! containers whose rootfs arrives over virtio-fs.
 //!
 //! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
-//! (launch via the `stage`, forked by `stage_spawner`) → `stdio` (served by
-//! `stdio_streams`), `reaper`, `cgroup`; `init` holds the PID 1 duties; `debug_console`
+//! (launch via the `stage`, forked by `stage::spawner`) → `stdio` (served by
+//! `stdio::streams`), `reaper`, `cgroup`; `init` holds the PID 1 duties; `debug_console`
 //! the opt-in shell for `kata-runtime exec`.
 
 pub mod cgroup;
@@ -24,6 +24,4 @@ pub mod rpc;
 pub mod sandbox;
 pub mod spec;
 pub mod stage;
-pub mod stage_spawner;
 pub mod stdio;
-pub mod stdio_streams;

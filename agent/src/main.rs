@@ -16,8 +16,9 @@ use kata_agent::cgroup::CgroupRoot;
 use kata_agent::rpc::{AgentRpc, Ending};
 use kata_agent::sandbox::Sandbox;
 use kata_agent::stage::protocol::STAGE_ARG;
-use kata_agent::stage_spawner::StageSpawner;
-use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage, stdio_streams};
+use kata_agent::stage::spawner::StageSpawner;
+use kata_agent::stdio::streams;
+use kata_agent::{debug_console, host_only, init, logging, reaper::Reaper, stage};
 use slog::{error, info, Logger};
 use ttrpc::r#async::transport::Listener;
 
@@ -160,10 +161,10 @@ fn serve(log: &Logger, addr: &str, pid1: bool, stages: StageSpawner) -> Result<(
             })?;
         if pid1 {
             kata_agent::port_forward::start(log.clone());
-            stdio_streams::start_vsock(log.clone(), sandbox.clone());
+            streams::start_vsock(log.clone(), sandbox.clone());
         } else if let Some(path) = addr.strip_prefix("unix://") {
             let path = format!("{path}.stdio");
-            stdio_streams::start_unix(log.clone(), sandbox.clone(), Path::new(&path))
+            streams::start_unix(log.clone(), sandbox.clone(), Path::new(&path))
                 .map_err(io_step(format!("listen for stdio streams on {path}")))?;
         }
         info!(log, "{}", protocols::AGENT_READY_MESSAGE; "address" => addr, "boot_ms" => init::boot_ms());

@@ -13,7 +13,7 @@ use slog::{info, Logger};
 use crate::error::{AgentError, Result};
 use crate::reaper::{ExitReceiver, ExitStatus, Reaper};
 use crate::stage::protocol::{self, recv_message, StageConfig, StageMessage, StageMode};
-use crate::stage_spawner::StageSpawner;
+use crate::stage::spawner::StageSpawner;
 use crate::stdio::{self, SharedFd};
 
 /// A launched container process.
@@ -21,7 +21,7 @@ pub struct Process {
     pub exec_id: String,
     pub pid: i32,
     exit: ExitReceiver,
-    /// Each stream waits for the host to attach it (`stdio_streams`).
+    /// Each stream waits for the host to attach it (`stdio::streams`).
     pub stdio: stdio::Stdio,
     /// The pty master, when the process has a terminal.
     pub tty: Option<SharedFd>,

@@ -2,7 +2,7 @@
 //!
 //! ttrpc's async server runs every unary request in its own task, so a WaitProcess that
 //! waits for an exit does not hold up anything else. Stdio does not travel here: each
-//! stream has a connection of its own (`stdio_streams`).
+//! stream has a connection of its own (`stdio::streams`).
 
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@ use crate::process::{self, Process};
 use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
 use crate::stage::protocol::{StageConfig, StageMode};
-use crate::stage_spawner::StageSpawner;
+use crate::stage::spawner::StageSpawner;
 
 /// How long DestroySandbox waits for the guest's file systems to sync before it answers
 /// (the host gives it 2 s in all).

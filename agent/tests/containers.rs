@@ -4,7 +4,7 @@
 mod common;
 
 use common::{code, md5, message, TestAgent};
-use kata_agent::stage_spawner::ZYGOTE_NAME;
+use kata_agent::stage::spawner::ZYGOTE_NAME;
 use protocols::agent::*;
 use protocols::stdio::StdioStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

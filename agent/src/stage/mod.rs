@@ -3,13 +3,13 @@
 //!
 //! The agent is a multi-threaded tokio process, where forking and then calling anything
 //! but async-signal-safe functions is unsound. So stages come from a copy of the agent
-//! forked before any thread existed (see `stage_spawner`); a stage runs single-threaded
+//! forked before any thread existed (see `spawner`); a stage runs single-threaded
 //! and may unshare, setns, fork, mount and pivot freely.
 //! Its stdio (fds 0-2) already is the container's stdio; it talks to the agent only over
 //! the sync socket (see [`protocol`]).
 //!
 //! A different executor (e.g. youki's libcontainer) would replace this module and
-//! `stage_spawner` behind the same messages.
+//! `spawner` behind the same messages.
 
 pub mod caps;
 mod devices;
@@ -21,6 +21,7 @@ pub mod paths;
 pub mod protocol;
 pub mod rlimits;
 mod seccomp;
+pub mod spawner;
 pub mod sysctl;
 
 use std::fs::File;

@@ -1,7 +1,7 @@
 //! What the agent and the container stage say to each other.
 //!
 //! The agent starts the stage (forked from its zygote, or `kata-agent __container-stage`
-//! without one; see `stage_spawner`) with two fixed file descriptors: the config pipe
+//! without one; see `spawner`) with two fixed file descriptors: the config pipe
 //! and a SOCK_SEQPACKET sync socket (one JSON message per packet). When a container or
 //! process needs it, the agent writes the [`StageConfig`] into the pipe and sends the
 //! process's stdio (and, for a new container, the start pipe) over the sync socket

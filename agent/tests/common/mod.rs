@@ -56,7 +56,7 @@ impl TestAgent {
 
     /// Processes whose parent is the agent (it is a child subreaper, so every container
     /// process it ever started ends up here until reaped), but for its stage zygote
-    /// (stage_spawner), which lives as long as the agent.
+    /// (stage::spawner), which lives as long as the agent.
     pub fn children(&self) -> Vec<String> {
         self.child_stats()
             .into_iter()
@@ -101,7 +101,7 @@ impl TestAgent {
 }
 
 fn is_zygote(comm: &str) -> bool {
-    kata_agent::stage_spawner::ZYGOTE_NAME.to_bytes() == comm.as_bytes()
+    kata_agent::stage::spawner::ZYGOTE_NAME.to_bytes() == comm.as_bytes()
 }
 
 pub fn ctx() -> Context {

@@ -1,9 +1,11 @@
 //! A container process's stdio as the agent holds it: the agent's end of each stream
 //! (a pipe end, or the terminal's master) waits in [`Stdio`] until the host attaches the
-//! stream over a connection of its own (`stdio_streams`, `protocols::stdio`), which
+//! stream over a connection of its own (`stdio::streams`, `protocols::stdio`), which
 //! starts the copy between the fd and that connection ([`Attached::run`]).
 //!
 //! Works on pipes and on a pty master alike, through non-blocking fds in tokio's reactor.
+
+pub mod streams;
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
