@@ -42,6 +42,11 @@ impl From<crate::spec::SpecError> for AgentError {
     }
 }
 
+/// A field the stage would refuse (`stage::preflight`): the caller's to fix too.
+pub fn refused(e: crate::stage::StageError) -> AgentError {
+    AgentError::InvalidArgument(e.to_string())
+}
+
 impl From<AgentError> for ttrpc::Error {
     fn from(e: AgentError) -> ttrpc::Error {
         let code = match &e {

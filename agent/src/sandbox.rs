@@ -13,7 +13,7 @@ use crate::cgroup::oom::OomWatcher;
 use crate::cgroup::resources::{self, LinuxResources};
 use crate::cgroup::CgroupRoot;
 use crate::container::{Container, PendingStart};
-use crate::error::{AgentError, Result};
+use crate::error::{refused, AgentError, Result};
 use crate::pod_ns::PodNamespaces;
 use crate::process::{self, Process};
 use crate::reaper::{ExitStatus, Reaper};
@@ -151,6 +151,7 @@ impl Sandbox {
             )));
         }
         let mut spec = Spec::from_json(spec_json)?;
+        crate::stage::preflight(&spec).map_err(refused)?;
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
         // A "pid" entry without a path: a new PID namespace, the container's own.
         let own_pid_ns = spec.linux.as_ref().is_some_and(|l| {
@@ -288,6 +289,7 @@ impl Sandbox {
             )));
         }
         let process = spec::Process::from_json(process_json)?;
+        crate::stage::preflight_process(&process).map_err(refused)?;
         let terminal = process.terminal.then_some(container.terminal_dir());
         let config = StageConfig {
             mode: StageMode::Exec {

@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::cgroup::resources::LinuxResources;
-use crate::stage::StageError;
 
 /// Why a spec (or an ExecProcess process) was refused; always the caller's to fix.
 #[derive(Debug, thiserror::Error)]
@@ -32,13 +31,13 @@ pub enum SpecError {
     #[error(
         "linux.namespaces[{index}].type {typ:?} is not a namespace type this agent supports: \
          use one of {}",
-        crate::stage::NAMESPACE_TYPES.join(", ")
+        NAMESPACE_TYPES.join(", ")
     )]
     UnknownNamespace { index: usize, typ: String },
-    /// A field the stage would refuse (capability, rlimit, sysctl), caught up front.
-    #[error(transparent)]
-    Field(#[from] StageError),
 }
+
+/// The namespace types `linux.namespaces` may name (the stage creates or joins each).
+pub const NAMESPACE_TYPES: &[&str] = &["pid", "network", "mount", "ipc", "uts", "user", "cgroup"];
 
 /// The PATH used to resolve `args[0]` when `process.env` has none (runc's default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -95,7 +94,8 @@ impl Process {
         Ok(process)
     }
 
-    /// Checks what the stage cannot do without.
+    /// Checks what the stage cannot do without. What it would refuse field by field
+    /// (capability names, rlimits) is for `stage::preflight_process`.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.args.is_empty() {
             return Err(SpecError::NoArgs);
@@ -106,10 +106,6 @@ impl Process {
                 value: self.cwd.clone(),
             });
         }
-        if let Some(caps) = &self.capabilities {
-            crate::stage::caps::CapabilitySets::parse(caps)?;
-        }
-        crate::stage::rlimits::parse(&self.rlimits)?;
         Ok(())
     }
 }
@@ -255,7 +251,6 @@ impl Spec {
             });
         }
         if let Some(linux) = &spec.linux {
-            crate::stage::sysctl::validate(&linux.sysctl)?;
             validate_namespaces(&linux.namespaces)?;
         }
         Ok(spec)
@@ -266,7 +261,7 @@ impl Spec {
 /// container with less isolation than its spec asked for.
 fn validate_namespaces(namespaces: &[Namespace]) -> Result<(), SpecError> {
     for (index, ns) in namespaces.iter().enumerate() {
-        if !crate::stage::NAMESPACE_TYPES.contains(&ns.typ.as_str()) {
+        if !NAMESPACE_TYPES.contains(&ns.typ.as_str()) {
             return Err(SpecError::UnknownNamespace {
                 index,
                 typ: ns.typ.clone(),

@@ -31,7 +31,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::{fork, ForkResult};
 
-use crate::spec::Spec;
+use crate::spec::{Process, Spec};
 pub use error::StageError;
 use protocol::{recv_message, send_message, StageConfig, StageMessage, StageMode};
 
@@ -229,8 +229,27 @@ fn fork_and(
     }
 }
 
-/// The namespace types `linux.namespaces` may name.
-pub const NAMESPACE_TYPES: &[&str] = &["pid", "network", "mount", "ipc", "uts", "user", "cgroup"];
+/// What the stage would refuse in `spec` field by field (capability names, rlimits,
+/// sysctls), found before anything of the container is made. The agent calls it after
+/// `Spec::from_json`, which checks the spec's shape.
+pub fn preflight(spec: &Spec) -> Result<(), StageError> {
+    if let Some(process) = &spec.process {
+        preflight_process(process)?;
+    }
+    if let Some(linux) = &spec.linux {
+        sysctl::validate(&linux.sysctl)?;
+    }
+    Ok(())
+}
+
+/// [`preflight`] for an exec's process.
+pub fn preflight_process(process: &Process) -> Result<(), StageError> {
+    if let Some(caps) = &process.capabilities {
+        caps::CapabilitySets::parse(caps)?;
+    }
+    rlimits::parse(&process.rlimits)?;
+    Ok(())
+}
 
 fn namespace_flag(typ: &str) -> Option<CloneFlags> {
     Some(match typ {
@@ -243,4 +262,32 @@ fn namespace_flag(typ: &str) -> Option<CloneFlags> {
         "cgroup" => CloneFlags::CLONE_NEWCGROUP,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(process: &str, linux: &str) -> Spec {
+        let json = format!(
+            r#"{{"process":{{"args":["sh"],"cwd":"/"{process}}},"root":{{"path":"/r"}}{linux}}}"#
+        );
+        Spec::from_json(json.as_bytes()).expect("a spec of the right shape")
+    }
+
+    #[test]
+    fn preflight_refuses_what_the_stage_would() {
+        assert!(preflight(&spec("", "")).is_ok());
+        let bad_cap = r#","capabilities":{"bounding":["CAP_NOPE"]}"#;
+        let e = preflight(&spec(bad_cap, "")).unwrap_err();
+        assert!(e.to_string().contains("CAP_NOPE"), "{e}");
+        let soft_above_hard = r#","rlimits":[{"type":"RLIMIT_NOFILE","soft":2,"hard":1}]"#;
+        let e = preflight(&spec(soft_above_hard, "")).unwrap_err();
+        assert!(e.to_string().contains("RLIMIT_NOFILE"), "{e}");
+        let host_sysctl = r#","linux":{"sysctl":{"vm.swappiness":"0"}}"#;
+        let e = preflight(&spec("", host_sysctl)).unwrap_err();
+        assert!(e.to_string().contains("vm.swappiness"), "{e}");
+        let process = spec(bad_cap, "").process.expect("process");
+        assert!(preflight_process(&process).is_err());
+    }
 }
