@@ -43,7 +43,7 @@ impl Container {
         id: &str,
         init: Process,
         cgroup: Option<PathBuf>,
-        pending: PendingStart,
+        pending: Option<PendingStart>,
     ) -> Container {
         Container {
             id: id.to_string(),
@@ -54,7 +54,7 @@ impl Container {
             shared_pid_ns: false,
             own_mnt_ns: None,
             execs: Mutex::new(HashMap::new()),
-            pending: Mutex::new(Some(pending)),
+            pending: Mutex::new(pending),
         }
     }
 

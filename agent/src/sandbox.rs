@@ -38,6 +38,32 @@ pub struct Sandbox {
     stages: Arc<StageSpawner>,
 }
 
+/// What a container's create has made so far, taken back in one place when a later step
+/// fails. Once the container exists, it owns the rest (its processes, cgroup and devpts
+/// instance) and its `destroy` takes everything back.
+#[derive(Default)]
+struct Made {
+    devpts: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
+    container: Option<Arc<Container>>,
+}
+
+impl Made {
+    async fn undo(self, id: &str, log: &Logger, oom: &OomWatcher) {
+        if let Some(container) = self.container {
+            container.destroy(log, oom).await;
+            return;
+        }
+        if let Some(dir) = &self.cgroup {
+            oom.unwatch(id);
+            let _ = crate::cgroup::remove(dir).await;
+        }
+        if let Some(dir) = &self.devpts {
+            crate::devpts::unmount_instance(dir);
+        }
+    }
+}
+
 impl Sandbox {
     /// Must run inside the tokio runtime (it starts the OOM watcher task).
     pub fn new(
@@ -150,8 +176,35 @@ impl Sandbox {
                 "container {id} already exists"
             )));
         }
-        let mut spec = Spec::from_json(spec_json)?;
+        let spec = Spec::from_json(spec_json)?;
         crate::stage::preflight(&spec).map_err(refused)?;
+        // What the create has made so far, taken back in one place if a later step fails.
+        let mut made = Made::default();
+        let created = self
+            .create_steps(id, spec, stdin, pod_sandbox, &mut made)
+            .await;
+        let container = match created {
+            Ok(container) => container,
+            Err(e) => {
+                made.undo(id, &self.log, &self.oom).await;
+                return Err(e.context(&format!("create container {id}")));
+            }
+        };
+        info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid,
+            "pod_sandbox" => pod_sandbox);
+        Ok(())
+    }
+
+    /// The steps of [`Sandbox::create_container`] after the spec is checked; each records
+    /// in `made` what it made.
+    async fn create_steps(
+        &self,
+        id: &str,
+        mut spec: Spec,
+        stdin: bool,
+        pod_sandbox: bool,
+        made: &mut Made,
+    ) -> Result<Arc<Container>> {
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
         // A "pid" entry without a path: a new PID namespace, the container's own.
         let own_pid_ns = spec.linux.as_ref().is_some_and(|l| {
@@ -159,25 +212,27 @@ impl Sandbox {
                 .iter()
                 .any(|n| n.typ == "pid" && n.path.as_deref().unwrap_or("").is_empty())
         });
-        let devpts = self.own_devpts(id, &mut spec);
-        let tty_dir = devpts.clone().unwrap_or_else(|| PathBuf::from("/dev/pts"));
+        made.devpts = self.own_devpts(id, &mut spec);
+        let tty_dir = made
+            .devpts
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/dev/pts"));
         let terminal = spec
             .process
             .as_ref()
             .is_some_and(|p| p.terminal)
             .then_some(tty_dir.as_path());
         let resources = spec.linux.as_ref().and_then(|l| l.resources.as_ref());
-        let cgroup = match &self.cgroups {
-            Some(root) => Some(self.create_cgroup(root, id, resources).await?),
-            None => None,
-        };
+        if let Some(root) = &self.cgroups {
+            made.cgroup = Some(self.create_cgroup(root, id, resources).await?);
+        }
         let config = StageConfig {
             mode: StageMode::Create {
                 spec: Box::new(spec),
             },
-            cgroup: cgroup.as_ref().map(|p| p.display().to_string()),
+            cgroup: made.cgroup.as_ref().map(|p| p.display().to_string()),
         };
-        let launched = match process::launch(
+        let launched = process::launch(
             &self.log,
             &self.reaper,
             &self.stages,
@@ -186,55 +241,35 @@ impl Sandbox {
             terminal,
             stdin,
         )
-        .await
-        {
-            Ok(l) => l,
-            Err(e) => {
-                if let Some(dir) = &cgroup {
-                    self.oom.unwatch(id);
-                    let _ = crate::cgroup::remove(dir).await;
-                }
-                if let Some(dir) = &devpts {
-                    crate::devpts::unmount_instance(dir);
-                }
-                return Err(e.context(&format!("create container {id}")));
-            }
-        };
-        let start = launched
-            .start
-            .ok_or_else(|| AgentError::Internal("no start pipe".into()))?;
-        let pending = PendingStart {
-            start,
-            sync: launched.sync,
-        };
+        .await?;
+        let sync = launched.sync;
+        let pending = launched.start.map(|start| PendingStart { start, sync });
+        // From here on the container owns the cgroup and the devpts instance.
         let container = Arc::new(
-            Container::new(id, launched.process, cgroup, pending)
+            Container::new(id, launched.process, made.cgroup.take(), pending)
                 .with_seccomp(seccomp)
-                .with_devpts(devpts)
+                .with_devpts(made.devpts.take())
                 .with_pid_namespace(own_pid_ns),
         );
+        made.container = Some(container.clone());
+        if container.is_started().await {
+            return Err(AgentError::Internal("no start pipe".into()));
+        }
         if pod_sandbox {
-            if let Err(e) = self.pod_ns.pin(container.init.pid) {
-                container.destroy(&self.log, &self.oom).await;
-                return Err(e.context(&format!("create container {id}")));
-            }
+            self.pod_ns.pin(container.init.pid)?;
             if let Ok(mut p) = self.pod_sandbox.lock() {
                 *p = Some(id.to_string());
             }
         }
-        info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid,
-            "pod_sandbox" => pod_sandbox);
-
         let mut containers = self.containers.lock().await;
         if containers.contains_key(id) {
-            drop(containers);
-            container.destroy(&self.log, &self.oom).await;
             return Err(AgentError::AlreadyExists(format!(
                 "container {id} already exists"
             )));
         }
-        containers.insert(id.to_string(), container);
-        Ok(())
+        containers.insert(id.to_string(), container.clone());
+        made.container = None;
+        Ok(container)
     }
 
     /// The container's cgroup with `resources` applied and OOM kills watched, made

@@ -300,6 +300,14 @@ async fn clear_errors() {
         message(&err)
     );
 
+    // A failed create takes back all it made: nothing of it runs, and its id is free.
+    assert!(agent.children().is_empty(), "{:?}", agent.children());
+    agent
+        .create("n", agent.spec(&rootfs, &["true"], &[], "/"), false)
+        .await
+        .expect("the id of a failed create can be used again");
+    agent.remove("n").await.expect("remove");
+
     let rootfs = agent.rootfs("d");
     let err = agent
         .create("d", agent.spec(&rootfs, &["true"], &[], "/nope"), false)
