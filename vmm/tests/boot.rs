@@ -12,8 +12,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use guests::*;
-use vmm_contract::test_skip::skipped;
 use vmm::devices::virtio::net::test_utils::{self as net, taps_available};
+use vmm_contract::test_skip::skipped;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
