@@ -13,12 +13,17 @@ Figures (median and min-max over BENCH_RUNS runs, kata and runc alternating A/B)
   4. `ctr task exec ... true` latency into a running container.
   5. PSS of the shim, VMM, virtiofsd and vsock backend of one idle sandbox; runc's shim.
   6. density: BENCH_DENSITY sandboxes started in parallel.
+  7. figures that carry over to KVM, from runs of their own (never timed with the rest):
+     guest instructions to each phase (QEMU -icount shift=0, read over QMP), device
+     accesses per phase (QEMU's trace events), host CPU outside the guest's vCPU thread
+     next to runc's, and icount's own cost; 8. the KVM estimate computed from them; 9. the
+     goals of issue 30 in those units.
 
 Env: BENCH_RUNS (5), BENCH_DENSITY (10), BENCH_DENSITY_RUNS (BENCH_RUNS),
 BENCH_STDOUT_BYTES (268435456), BENCH_CMD_TIMEOUT (s, 120: any single ctr command),
 BENCH_STDOUT_TIMEOUT (s, 600: one 256 MiB transfer), BENCH_DENSITY_TIMEOUT (s, 300),
 BENCH_DEADLINE (s, 5400: the whole bench), BENCH_OUT (target/bench), BENCH_SKIP (comma list
-of: startup,stdout,idle,density), KATA_KERNEL, KATA_INITRD, IMAGE_TAR, KATA_SHIM_DIR.
+of: startup,stdout,idle,kvm,density,hold), KATA_KERNEL, KATA_INITRD, IMAGE_TAR, KATA_SHIM_DIR.
 Only the Python standard library is used. The measurements live in the kata_bench package
 next to this file, one module per figure group (kata_bench/__init__.py maps them).
 """

@@ -17,7 +17,10 @@
 # Env: QEMU (default qemu-system-x86_64), FLOOR_TIMEOUT (s, default 60), FLOOR_CPU,
 #      FLOOR_MEMORY (guest MiB, default 512: the runtime's default_memory; pass the
 #      configured value, so the floor's VM is the sandboxes' size),
-#      FLOOR_MACHINE_OPTS (extra -M microvm options, default below), FLOOR_APPEND (extra cmdline).
+#      FLOOR_MACHINE_OPTS (extra -M microvm options, default below), FLOOR_APPEND (extra cmdline),
+#      FLOOR_QEMU_ARGS (extra QEMU arguments, split on blanks: `make bench` counts guest
+#      instructions and device accesses with "-icount shift=0 -no-shutdown -qmp ..." and
+#      trace options, reads them over QMP once the guest has powered off, then quits QEMU).
 set -euo pipefail
 
 prog=boot-floor
@@ -101,6 +104,10 @@ qemu_args=(
     -serial stdio
     "${balloon[@]}"
 )
+if [ -n "${FLOOR_QEMU_ARGS:-}" ]; then
+    read -r -a extra_args <<<"$FLOOR_QEMU_ARGS"
+    qemu_args+=("${extra_args[@]}")
+fi
 
 failed() {
     tail -n 40 "$log" | tr -d '\r' >&2

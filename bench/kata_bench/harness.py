@@ -11,6 +11,7 @@ import tomllib
 
 from . import shimlog
 from .host import cmdline, listing, our_sandboxes
+from .hostcpu import ContainerdCgroup
 from .procs import LIVE, kill_group, reap, run, spawn
 from .report import Report
 from .settings import (BENCH_SINK_PARAM, CMD_TIMEOUT, IMAGE, NS, PREFIX, REPO, RT, SBS,
@@ -58,6 +59,9 @@ class Harness:
         self.seq = 0
         self.accel = None  # the accelerator the shim chose, from its "VMM launched" record
         self.report = Report()
+        # containerd's CPU and that of what it starts (see `hostcpu`), for the host CPU rows.
+        self.cgroup = ContainerdCgroup()
+        self.instrumented_confs = {}
         self.sbs_before = listing(SBS)
         self.vm_before = listing(VMDIR)
 
@@ -144,6 +148,13 @@ class Harness:
                             self.cdir], timeout=60, env=self.env)
         if rc != 0:
             raise RuntimeError("starting the private containerd failed: " + err[-2000:])
+        try:
+            with open(os.path.join(self.cdir, "containerd.pid")) as f:
+                self.cgroup.adopt(int(f.read().strip()))
+        except (OSError, ValueError) as e:
+            self.cgroup.error = "containerd's pid not read: %s" % e
+        if self.cgroup.error:
+            log("host CPU rows off: " + self.cgroup.error)
         rc, _, err = self.ctr("images", "import", self.image_tar, timeout=120)
         if rc != 0:
             raise RuntimeError("importing %s failed: %s" % (self.image_tar, err[-2000:]))
@@ -166,6 +177,9 @@ class Harness:
                               self.cdir], timeout=180, env=self.env)
             if rc != 0:
                 problems.append("stopping the private containerd: rc %s: %s" % (rc, err[-1000:]))
+        p = self.cgroup.remove()
+        if p:
+            problems.append(p)
         deadline = time.monotonic() + 20
         left = our_sandboxes()
         while left and time.monotonic() < deadline:

@@ -112,8 +112,8 @@ def listing(root):
 
 def qemu_memory_kib(pid):
     """QEMU's PSS split by what it holds: the guest's RAM (the memory-backend mapping), TCG's
-    translation cache (the one large anonymous mapping, sized by tb-size; absent under
-    KVM), files it maps (its binary, libraries, the guest kernel and initrd: page cache
+    translation cache (the anonymous read-write-execute mapping, sized by tb-size; absent
+    under KVM), files it maps (its binary, libraries, the guest kernel and initrd: page cache
     shared with every other QEMU) and the rest (its own heap and state)."""
     out = {"guest_ram": 0, "tcg_cache": 0, "files": 0, "other": 0}
     try:
@@ -132,7 +132,10 @@ def qemu_memory_kib(pid):
                     role = "guest_ram"
                 elif name.startswith("/"):
                     role = "files"
-                elif not name and hi - lo >= 32 << 20:
+                elif not name and parts[1].startswith("rwx"):
+                    # TCG's code buffer, the one anonymous mapping both writable and
+                    # executable (tb-size, 64 MiB from the runtime; its guard pages are
+                    # mapped ---p and hold nothing).
                     role = "tcg_cache"
                 else:
                     role = "other"

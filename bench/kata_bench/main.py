@@ -11,6 +11,7 @@ from .density import bench_density
 from .harness import Harness
 from .hold import bench_hold
 from .idle import bench_idle
+from .instrumented import bench_instrumented
 from .procs import Interrupted, on_alarm, on_signal
 from .report import print_table
 from .settings import (DEADLINE, DENSITY, DENSITY_RUNS, IMAGE, OUT_DIR, RUNS, SKIP,
@@ -23,6 +24,8 @@ MEASUREMENTS = [
     ("startup", bench_startup),
     ("stdout", bench_stdout),
     ("idle", bench_idle),
+    # After the memory rows, which its goals section reads.
+    ("kvm", bench_instrumented),
     ("density", bench_density),
     ("hold", bench_hold),
 ]

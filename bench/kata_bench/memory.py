@@ -172,6 +172,11 @@ def add_rows(R, mem, after=(), floor=()):
           "the same, each side less its translation cache",
           kata=[m["sum_without_tcg_cache"] - (f["sum"] - f["tcg_cache"]) for m, f in pairs],
           single=True)
+    R.add(sec, "pss_minus_floor_no_tcg_files_mib", "  and without QEMU's mapped files", "MiB",
+          "the same, each side's QEMU also less its mapped files, whose PSS depends on how "
+          "many other QEMUs map them at the moment (on a shared host, not the same for both)",
+          kata=[m["sum_without_tcg_cache"] - (m.get("qemu_files") or 0)
+                - (f["sum"] - f["tcg_cache"] - f["files"]) for m, f in pairs], single=True)
     if not mem:
         R.notes.append("memory: persist.json could not be read; no PSS figures")
     if not floor:

@@ -69,8 +69,13 @@ def print_table(report, header):
         out.append((fmt % (c + ("[%d]" % n,))).rstrip())
     out.append("")
     out.append("median [min..max] over the runs; MB = 10^6 bytes, MiB = 2^20 bytes; how:")
+    first = {}
     for n, r in enumerate(report.rows, 1):
-        out.append("[%d] %s" % (n, r["how"]))
+        if r["how"] in first:
+            out.append("[%d] as [%d]" % (n, first[r["how"]]))
+        else:
+            first[r["how"]] = n
+            out.append("[%d] %s" % (n, r["how"]))
     for n in report.notes:
         out.append("note: " + n)
     text = "\n".join(out)
