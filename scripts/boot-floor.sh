@@ -71,7 +71,7 @@ esac
 # defaults. Measured with QEMU 10/TCG and our kernel: pit=off panics ("IO-APIC + timer
 # doesn't work"), pit=off,pic=off hangs, rtc=off adds about 1 s, pic=off changes nothing.
 machine_opts=${FLOOR_MACHINE_OPTS:-x-option-roms=off,isa-serial=on}
-cmdline="console=ttyS0 reboot=t panic=-1 quiet${tcg_params:+ $tcg_params}${FLOOR_APPEND:+ $FLOOR_APPEND}"
+cmdline="console=ttyS0 reboot=t panic=-1 io_delay=none quiet${tcg_params:+ $tcg_params}${FLOOR_APPEND:+ $FLOOR_APPEND}"
 # Held up, the VM hands back the memory its guest frees as the runtime's do
 # (hypervisor/src/qemu/cmdline.rs: BALLOON and the page_reporting order in BASE_KERNEL_PARAMS),
 # so the memory floor counts what a booted guest keeps, not what its boot once touched.

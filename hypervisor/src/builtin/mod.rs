@@ -34,8 +34,9 @@ pub use vmm_contract::vmm_json;
 
 /// The kernel command line before the user's `kernel_params`: a reset (through the i8042,
 /// `reboot=k`) or a panic ends kata-vmm; there is no PCI bus and only a minimal i8042.
+/// `io_delay=none`: no port 0x80 write (an exit each) after every legacy port write.
 pub const BASE_KERNEL_PARAMS: &str =
-    "console=ttyS0 reboot=k panic=-1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+    "console=ttyS0 reboot=k panic=-1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd io_delay=none";
 /// The guest CID.
 pub const GUEST_CID: u32 = 3;
 /// How long kata-vmm may take to build the VM and start its vCPUs.
