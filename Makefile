@@ -9,6 +9,7 @@ SHIM_BIN := target/release/containerd-shim-kata-v2
 VSOCK_BIN := target/release/kata-vsock
 VMM_BIN := target/release/kata-vmm
 RUNTIME_BIN := target/release/kata-runtime
+MONITOR_BIN := target/release/kata-monitor
 GUEST_CACHE ?= /var/cache/kata-guest
 INITRD := $(GUEST_CACHE)/kata-initrd.img
 # The same with a shell (busybox) for the debug console: a shell in every guest would cost
@@ -23,7 +24,7 @@ DEFAULTS_DIR := /usr/share/defaults/kata-containers
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent shim vsock vmm runtime install-vsock guest kernel initrd image install uninstall demo test lint
+.PHONY: all setup build agent shim vsock vmm runtime monitor install-vsock guest kernel initrd image install uninstall demo test unit e2e lint
 
 all: build
 
@@ -36,7 +37,7 @@ shim:
 agent:
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --profile agent -p kata-agent --target $(TARGET)
 
-build: shim agent vsock vmm runtime
+build: shim agent vsock vmm runtime monitor
 
 # kata-vsock, the vhost-user vsock backend QEMU uses (config: hypervisor.qemu.vsock_backend).
 vsock:
@@ -49,6 +50,10 @@ vmm:
 # kata-runtime, the host tool: `kata-runtime check` and `kata-runtime env`.
 runtime:
 	$(CARGO) build --release -p kata-runtime
+
+# kata-monitor, the node daemon Prometheus scrapes (deploy/monitor/).
+monitor:
+	$(CARGO) build --release -p kata-monitor
 
 # The default vsock_backend is $(PREFIX)/bin/kata-vsock.
 install-vsock: vsock
@@ -82,16 +87,23 @@ install: build guest install-vsock
 	install -D -m 0644 deploy/configuration-builtin.toml $(DEFAULTS_DIR)/configuration-builtin.toml
 	install -D -m 0644 -t $(SHARE_DIR)/deploy/containerd deploy/containerd/kata-containerd-1.x.toml deploy/containerd/kata-containerd-2.x.toml
 	install -D -m 0644 -t $(SHARE_DIR)/deploy/kubernetes deploy/kubernetes/runtimeclass.yaml
+	install -D -m 0755 $(MONITOR_BIN) $(PREFIX)/bin/kata-monitor
+	install -D -m 0644 -t $(SHARE_DIR)/deploy/monitor deploy/monitor/kata-monitor-daemonset.yaml deploy/monitor/prometheus-scrape.yaml deploy/monitor/grafana-dashboard.json
+	sed 's|/usr/local/bin/kata-monitor|$(PREFIX)/bin/kata-monitor|' deploy/monitor/kata-monitor.service >$(SHARE_DIR)/deploy/monitor/kata-monitor.service
+	install -d $(SHARE_DIR)/deploy/systemd
+	sed 's|/usr/local/bin/kata-runtime|$(PREFIX)/bin/kata-runtime|' deploy/systemd/kata-vm-factory.service >$(SHARE_DIR)/deploy/systemd/kata-vm-factory.service
 
 # Removes everything `make install` (and install-vsock) put down; leaves what the
 # administrator wrote: /etc/kata-containers/ and containerd's own configuration.
 uninstall:
-	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime
+	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime $(PREFIX)/bin/kata-monitor
 	rm -f $(SHARE_DIR)/vmlinux $(SHARE_DIR)/kata-initrd.img $(SHARE_DIR)/kata-initrd-debug.img
 	rm -f $(SHARE_DIR)/deploy/containerd/kata-containerd-1.x.toml $(SHARE_DIR)/deploy/containerd/kata-containerd-2.x.toml
 	rm -f $(SHARE_DIR)/deploy/kubernetes/runtimeclass.yaml
+	rm -f $(addprefix $(SHARE_DIR)/deploy/monitor/,kata-monitor.service kata-monitor-daemonset.yaml prometheus-scrape.yaml grafana-dashboard.json)
+	rm -f $(SHARE_DIR)/deploy/systemd/kata-vm-factory.service
 	rm -f $(DEFAULTS_DIR)/configuration.toml $(DEFAULTS_DIR)/configuration-builtin.toml
-	rmdir --ignore-fail-on-non-empty $(SHARE_DIR)/deploy/containerd $(SHARE_DIR)/deploy/kubernetes $(SHARE_DIR)/deploy $(SHARE_DIR) $(DEFAULTS_DIR) 2>/dev/null || true
+	rmdir --ignore-fail-on-non-empty $(SHARE_DIR)/deploy/containerd $(SHARE_DIR)/deploy/kubernetes $(SHARE_DIR)/deploy/monitor $(SHARE_DIR)/deploy/systemd $(SHARE_DIR)/deploy $(SHARE_DIR) $(DEFAULTS_DIR) 2>/dev/null || true
 
 # README command 1: a container in a VM through a private containerd.
 demo: setup install image
@@ -120,23 +132,35 @@ CRITEST = KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) \
 critest: setup build guest image containerd-versions
 	$(CRITEST)
 
-# README command 2: every test, unit and end-to-end, a bounded fuzzing run of each fuzz
-# target, then the CRI conformance suite (each runs even when an earlier one failed; the
-# target fails if any did).
+# README command 2: every test, unit (`make unit`) then end-to-end (`make e2e`), a bounded
+# fuzzing run of each fuzz target, then the CRI conformance suite (each runs even when an
+# earlier one failed; the target fails if any did).
 test: setup build guest image containerd-versions
 	status=0; \
-	KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
+	$(CARGO) test --workspace --lib --bins --no-fail-fast || status=$$?; \
+	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2 || status=$$?; \
+	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh || status=$$?; \
+	$(CRITEST) || status=$$?; \
+	exit $$status
+
+# What the end-to-end tests are pointed at.
+E2E_ENV = KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
 	KATA_TEST_KERNEL="$$(bash guest/build-kernel.sh)" \
 	KATA_TEST_INITRD=$(INITRD) \
 	KATA_TEST_DEBUG_INITRD=$(INITRD_DEBUG) \
 	KATA_TEST_SHIM_DIR=$(CURDIR)/target/release \
 	KATA_TEST_IMAGE=$(IMAGE_TAR) \
 	KATA_TEST_PAUSE_IMAGE=$(PAUSE_IMAGE_TAR) \
-	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN) \
-	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2 || status=$$?; \
-	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh || status=$$?; \
-	$(CRITEST) || status=$$?; \
-	exit $$status
+	KATA_TEST_AGENT=$(CURDIR)/$(AGENT_BIN)
+
+# The unit tests alone (every crate's lib and bin tests: no VM, no containerd; about a
+# minute once built).
+unit:
+	$(CARGO) test --workspace --lib --bins --no-fail-fast
+
+# The end-to-end tests alone (every crate's tests/ files: real QEMU, containerd, the CRI).
+e2e: setup build guest image containerd-versions
+	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2
 
 # Fuzzing (fuzz/, cargo-fuzz with libFuzzer) of what parses guest-controlled bytes: vsock
 # packets and the muxer, kata-vmm's virtio-mmio transport and devices, the shim's reading of

@@ -29,7 +29,8 @@ fi
 PKGS=(containerd runc busybox-static linux-source-6.12 patch build-essential flex bison bc
       libelf-dev libssl-dev cpio xz-utils pkg-config libseccomp-dev libcap-ng-dev
       iproute2 procps util-linux psmisc jq curl
-      protobuf-compiler containernetworking-plugins iptables nftables)
+      protobuf-compiler containernetworking-plugins iptables nftables
+      prometheus)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -55,6 +56,12 @@ fi
 # /run/containerd; the project never relies on it.
 if command -v systemctl >/dev/null && systemctl is-active --quiet containerd 2>/dev/null; then
     log "note: the system containerd service is running; tests use their own instance"
+fi
+
+# prometheus (Debian's package) is for tests/tests/monitor.rs, which runs its own instance
+# on a free port with a storage directory of its own; the package's service is not used.
+if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    log "note: the system prometheus service is running; the tests use their own instance"
 fi
 
 # Rust daemons from crates.io. Installed to a root outside the repo.

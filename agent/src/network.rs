@@ -4,8 +4,10 @@
 //! perhaps static neighbours; the shim copied each veth's MAC to one virtio-net NIC of the
 //! VM and sends here what it found (`CreateSandboxRequest`). This module makes the guest's
 //! network the same, over rtnetlink: each NIC, found by MAC, gets the pod's name, MTU and
-//! addresses and goes up; `lo` goes up; then the routes and neighbours are added. The
-//! containers share this (the guest's) network namespace, so they see the pod's network.
+//! addresses and goes up (a NIC the VM had before its pod, a pooled VM's, is found by its
+//! `current_mac` and first takes the pod's MAC); `lo` goes up; then the routes and
+//! neighbours are added. The containers share this (the guest's) network namespace, so
+//! they see the pod's network.
 //!
 //! Re-applying the same request is harmless: an address, route or neighbour that exists
 //! already is left alone.
@@ -166,39 +168,60 @@ impl Netlink {
             self.set(LinkUnspec::new_with_index(lo.index).up(), "bring lo up")
                 .await?;
         }
-        // Each NIC by MAC, checked before anything changes.
+        // Each NIC by MAC (its current one when it is to change), checked before
+        // anything changes.
         let mut wanted = Vec::new();
         for nic in interfaces {
             let mac = parse_mac(&nic.mac, &nic.name)?;
+            let current = if nic.current_mac.is_empty() {
+                mac
+            } else {
+                parse_mac(&nic.current_mac, &nic.name)?
+            };
             for a in &nic.addresses {
                 parse_cidr(a, &nic.name)?;
             }
-            let link =
-                links
-                    .iter()
-                    .find(|l| l.mac == mac)
-                    .ok_or_else(|| NetworkError::NoSuchNic {
-                        mac: nic.mac.clone(),
-                        name: nic.name.clone(),
-                        present: links
-                            .iter()
-                            .map(|l| format!("{} ({})", l.name, format_mac(&l.mac)))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    })?;
-            wanted.push((nic, link.index));
+            // By the current MAC, or by the pod's once it has it (the same request again).
+            let link = links
+                .iter()
+                .find(|l| l.mac == current)
+                .or_else(|| links.iter().find(|l| l.mac == mac))
+                .ok_or_else(|| NetworkError::NoSuchNic {
+                    mac: if nic.current_mac.is_empty() {
+                        nic.mac.clone()
+                    } else {
+                        format!("{} or {}", nic.current_mac, nic.mac)
+                    },
+                    name: nic.name.clone(),
+                    present: links
+                        .iter()
+                        .map(|l| format!("{} ({})", l.name, format_mac(&l.mac)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+            let new_mac = (link.mac != mac).then_some(mac);
+            wanted.push((nic, link.index, new_mac));
         }
         // Renamed in two rounds (to a temporary name, then to the pod's), so that two
-        // NICs may swap names (the pod's eth1 on the guest's eth0).
-        for (i, (nic, index)) in wanted.iter().enumerate() {
+        // NICs may swap names (the pod's eth1 on the guest's eth0). A NIC that is to
+        // take the pod's MAC takes it here, while down, before any address is on it.
+        for (i, (nic, index, new_mac)) in wanted.iter().enumerate() {
+            let mut link = LinkUnspec::new_with_index(*index)
+                .down()
+                .name(format!("kata-nic{i}"));
+            if let Some(mac) = new_mac {
+                link = link.address(mac.to_vec());
+            }
             self.set(
-                LinkUnspec::new_with_index(*index)
-                    .down()
-                    .name(format!("kata-nic{i}")),
-                format!("rename the NIC of {} ({})", nic.name, nic.mac),
+                link,
+                format!(
+                    "rename the NIC of {} ({}) and set its MAC",
+                    nic.name, nic.mac
+                ),
             )
             .await?;
         }
+        let wanted: Vec<(&Interface, u32)> = wanted.into_iter().map(|(n, i, _)| (n, i)).collect();
         let mut devices = HashMap::new();
         for (nic, index) in &wanted {
             let mut link = LinkUnspec::new_with_index(*index).name(nic.name.clone());
@@ -568,6 +591,61 @@ mod netns_tests {
 
         // Applying the same again changes nothing and fails nothing.
         configure_in(&ns.0, interfaces, routes, neighbors).expect("configure again");
+    }
+
+    #[test]
+    fn a_nic_found_by_its_current_mac_takes_the_pods_mac_before_its_addresses() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "guest network tests need root"
+        );
+        let ns = Netns(format!("kata-agent-remac-{}", std::process::id()));
+        ip(&["netns", "add", &ns.0]);
+        // A pooled VM's NIC: booted with a MAC of its own, before the pod existed.
+        nic(&ns.0, "eth0", "02:aa:00:00:00:01", "p0");
+        configure_in(
+            &ns.0,
+            vec![Interface {
+                mac: "0a:58:0a:58:00:05".into(),
+                current_mac: "02:aa:00:00:00:01".into(),
+                name: "eth0".into(),
+                addresses: vec!["10.88.0.5/16".into()],
+                ..Default::default()
+            }],
+            Vec::new(),
+            Vec::new(),
+        )
+        .expect("configure");
+        let eth0 = ip(&["-n", &ns.0, "-o", "link", "show", "eth0"]);
+        assert!(eth0.contains("link/ether 0a:58:0a:58:00:05"), "{eth0}");
+        let addrs = ip(&["-n", &ns.0, "-o", "-4", "addr", "show"]);
+        assert!(addrs.contains("eth0    inet 10.88.0.5/16"), "{addrs}");
+
+        // The same request again finds the NIC by the MAC it has now.
+        let again = Interface {
+            mac: "0a:58:0a:58:00:05".into(),
+            current_mac: "02:aa:00:00:00:01".into(),
+            name: "eth0".into(),
+            ..Default::default()
+        };
+        configure_in(&ns.0, vec![again.clone()], Vec::new(), Vec::new()).expect("again");
+
+        // Neither MAC on any NIC: an error naming both.
+        let e = configure_in(
+            &ns.0,
+            vec![Interface {
+                mac: "0a:58:0a:58:00:06".into(),
+                ..again
+            }],
+            Vec::new(),
+            Vec::new(),
+        )
+        .expect_err("no NIC has either MAC");
+        assert!(
+            e.to_string()
+                .contains("MAC 02:aa:00:00:00:01 or 0a:58:0a:58:00:06"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -151,6 +151,13 @@ impl AgentService for AgentRpc {
         Ok(resp)
     }
 
+    async fn get_metrics(&self, _: &TtrpcContext, _: GetMetricsRequest) -> RpcResult<Metrics> {
+        let containers = self.sandbox.all_stats().await;
+        let mut resp = Metrics::new();
+        resp.metrics = crate::metrics::gather(containers).await;
+        Ok(resp)
+    }
+
     async fn check(&self, _: &TtrpcContext, _: Empty) -> RpcResult<CheckResponse> {
         let mut resp = CheckResponse::new();
         resp.agent_version = env!("CARGO_PKG_VERSION").to_string();

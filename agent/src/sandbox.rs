@@ -96,6 +96,12 @@ impl Sandbox {
 
     /// Makes the guest the pod's: its hostname and network (see `network`).
     pub async fn create_sandbox(&self, req: &protocols::agent::CreateSandboxRequest) -> Result<()> {
+        // First: nothing of the pod runs before the guest's randomness is its own.
+        crate::entropy::add(
+            std::path::Path::new(crate::entropy::RANDOM_DEVICE),
+            &req.entropy,
+        )
+        .map_err(|e| AgentError::Internal(format!("reseed the guest's RNG: {e}")))?;
         if !req.hostname.is_empty() {
             nix::unistd::sethostname(&req.hostname).map_err(|e| {
                 AgentError::InvalidArgument(format!(
@@ -114,6 +120,7 @@ impl Sandbox {
                 _ => AgentError::InvalidArgument(format!("set up the pod's network: {e}")),
             })?;
         info!(self.log, "sandbox set up"; "hostname" => &req.hostname,
+            "entropy_bytes" => req.entropy.len(),
             "interfaces" => req.interfaces.len(), "routes" => req.routes.len(),
             "neighbors" => req.neighbors.len());
         Ok(())
@@ -397,6 +404,15 @@ impl Sandbox {
         self.container(id).await?.stats()
     }
 
+    /// Every container's id and cgroup figures, for GetMetrics (a container whose cgroup
+    /// cannot be read is left out).
+    pub async fn all_stats(&self) -> Vec<(String, protocols::agent::StatsContainerResponse)> {
+        let all: Vec<_> = self.containers.lock().await.values().cloned().collect();
+        all.iter()
+            .filter_map(|c| Some((c.id.clone(), c.stats().ok()?)))
+            .collect()
+    }
+
     /// Applies an OCI LinuxResources JSON object to a running container.
     pub async fn update_container(&self, id: &str, resources_json: &[u8]) -> Result<()> {
         let container = self.container(id).await?;
@@ -441,7 +457,7 @@ impl Sandbox {
         if synced.await.is_err() {
             warn!(self.log, "the file systems are still syncing; ending anyway"; "waited" => ?SYNC_BOUND);
         }
-        warn!(self.log, "sandbox destroyed");
+        info!(self.log, "sandbox destroyed");
     }
 
     /// Kills every container and removes what it set up (before the test agent goes
@@ -463,6 +479,6 @@ impl Sandbox {
                 self.pod_ns.unpin();
             }
         }
-        warn!(self.log, "sandbox destroyed");
+        info!(self.log, "sandbox destroyed");
     }
 }

@@ -26,6 +26,7 @@ pub(crate) struct File {
     pub hypervisor: HypervisorSection,
     pub agent: AgentSection,
     pub runtime: RuntimeSection,
+    pub factory: FactorySection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -164,6 +165,29 @@ impl Default for RuntimeSection {
         Self {
             enable_debug: false,
             hypervisor_name: "qemu".into(),
+        }
+    }
+}
+
+/// `[factory]` (Kata's section): the pool of booted, idle VMs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct FactorySection {
+    pub vm_cache_number: u32,
+    pub vm_cache_dir: String,
+    /// Kata's VM templates, which this runtime does not have; only `false` is accepted.
+    pub enable_template: bool,
+}
+
+/// Where the pool lives unless `vm_cache_dir` says otherwise.
+pub const DEFAULT_VM_CACHE_DIR: &str = "/run/vc/pool";
+
+impl Default for FactorySection {
+    fn default() -> Self {
+        Self {
+            vm_cache_number: 0,
+            vm_cache_dir: DEFAULT_VM_CACHE_DIR.into(),
+            enable_template: false,
         }
     }
 }

@@ -20,12 +20,12 @@ use std::path::Path;
 
 pub use choice::{Accelerator, Choice, HypervisorName, SharedFs, VirtioFsCache};
 pub use error::Error;
-pub use file::{HOST_UID_COUNT, HOST_UID_START, POD_MEMORY_OVERHEAD_MIB};
+pub use file::{DEFAULT_VM_CACHE_DIR, HOST_UID_COUNT, HOST_UID_START, POD_MEMORY_OVERHEAD_MIB};
 pub use lookup::{find_config_file, CONF_FILE_ENV, DEFAULT_CONF_FILE, ETC_CONF_FILE};
 pub use model::{
-    AgentConfig, BuiltinConfig, Config, HostProcesses, HypervisorConfig, KataAgentConfig,
-    PodSizing, QemuConfig, RuntimeConfig, MAX_BUILTIN_VCPUS, MAX_VCPUS, MIN_HOST_UID,
-    MIN_MEMORY_MIB,
+    AgentConfig, BuiltinConfig, Config, FactoryConfig, HostProcesses, HypervisorConfig,
+    KataAgentConfig, PodSizing, QemuConfig, RuntimeConfig, MAX_BUILTIN_VCPUS, MAX_VCPUS,
+    MAX_VM_CACHE_NUMBER, MIN_HOST_UID, MIN_MEMORY_MIB,
 };
 
 /// The configuration file shipped with the runtime (installed as [`DEFAULT_CONF_FILE`]).

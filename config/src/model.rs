@@ -24,6 +24,58 @@ pub struct Config {
     pub agent: AgentConfig,
     /// `[runtime]`.
     pub runtime: RuntimeConfig,
+    /// `[factory]`.
+    pub factory: FactoryConfig,
+}
+
+/// Most idle VMs the pool may keep (`vm_cache_number`): each one holds its memory.
+pub const MAX_VM_CACHE_NUMBER: u32 = 64;
+
+/// `[factory]`: the pool of booted, idle VMs sandboxes start from instead of booting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FactoryConfig {
+    /// How many booted, idle VMs the factory daemon keeps ready (Kata's key); 0: no pool,
+    /// every sandbox boots its own VM.
+    pub vm_cache_number: u32,
+    /// Where the pool lives: the factory's pid file and one directory per kind of VM.
+    pub vm_cache_dir: PathBuf,
+}
+
+impl FactoryConfig {
+    /// Whether sandboxes look for a pooled VM before they boot one.
+    pub fn enabled(&self) -> bool {
+        self.vm_cache_number > 0
+    }
+
+    fn from_section(section: crate::file::FactorySection, origin: &Path) -> Result<Self, Error> {
+        if section.enable_template {
+            return Err(Error::Invalid {
+                origin: origin.to_path_buf(),
+                key: "factory.enable_template",
+                value: "true".into(),
+                expected: "VM templates are not supported: QEMU cannot migrate (save) a VM with \
+                           the vhost-user-vsock device every VM here has, and the microvm \
+                           machine cannot hot-plug a sandbox's devices after a restore; set \
+                           factory.vm_cache_number instead for a pool of booted VMs"
+                    .into(),
+            });
+        }
+        if section.vm_cache_number > MAX_VM_CACHE_NUMBER {
+            return Err(invalid(
+                origin,
+                "factory.vm_cache_number",
+                section.vm_cache_number,
+                &format!(
+                    "expected 0 (no pool) to {MAX_VM_CACHE_NUMBER}: each ready VM holds its \
+                     memory while it waits"
+                ),
+            ));
+        }
+        Ok(Self {
+            vm_cache_number: section.vm_cache_number,
+            vm_cache_dir: absolute(origin, "factory.vm_cache_dir", section.vm_cache_dir)?,
+        })
+    }
 }
 
 /// `[hypervisor.*]`: the one VMM backend configured.
@@ -237,6 +289,7 @@ impl Config {
                     &file.runtime.hypervisor_name,
                 )?,
             },
+            factory: FactoryConfig::from_section(file.factory, origin)?,
         })
     }
 }

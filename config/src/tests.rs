@@ -458,3 +458,39 @@ fn host_processes_are_sandboxed_by_default_and_the_range_is_checked() {
     );
     assert!(err("[hypervisor.qemu]\nhost_uid_count = 0\n").contains("host_uid_count = 0"));
 }
+
+#[test]
+fn the_pool_is_off_by_default_and_set_with_katas_keys() {
+    let c = parse("").unwrap();
+    assert_eq!(c.factory.vm_cache_number, 0);
+    assert!(!c.factory.enabled());
+    assert_eq!(c.factory.vm_cache_dir, PathBuf::from(DEFAULT_VM_CACHE_DIR));
+    let c = parse("[factory]\nvm_cache_number = 2\nvm_cache_dir = \"/run/pool\"\n").unwrap();
+    assert!(c.factory.enabled());
+    assert_eq!(c.factory.vm_cache_number, 2);
+    assert_eq!(c.factory.vm_cache_dir, PathBuf::from("/run/pool"));
+    let e = err("[factory]\nvm_cache_dir = \"pool\"\n");
+    assert!(
+        e.contains("factory.vm_cache_dir") && e.contains("absolute"),
+        "{e}"
+    );
+    let e = err("[factory]\nvm_cache_number = 1000\n");
+    assert!(
+        e.contains("factory.vm_cache_number = 1000") && e.contains("0 (no pool) to 64"),
+        "{e}"
+    );
+    assert!(err("[factory]\nvm_cache_numbr = 1\n").contains("vm_cache_numbr"));
+}
+
+#[test]
+fn templates_are_refused_with_the_reason_and_the_alternative() {
+    assert!(parse("[factory]\nenable_template = false\n").is_ok());
+    let e = err("[factory]\nenable_template = true\n");
+    assert!(
+        e.contains("factory.enable_template = true")
+            && e.contains("not supported")
+            && e.contains("vhost-user-vsock")
+            && e.contains("vm_cache_number"),
+        "{e}"
+    );
+}

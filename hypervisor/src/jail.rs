@@ -195,6 +195,88 @@ impl SandboxIds {
         )))
     }
 
+    /// Takes over the claim of `uid` in `dir` that `from_owner` made (a pooled VM's,
+    /// named by its pool id) for `to_owner` (the sandbox that adopts the VM): the claim
+    /// file then names `to_owner` (so [`release_claims_of`] finds it after a crashed
+    /// shim) and is `flock`ed by the caller until [`SandboxIds::release`] or its death.
+    ///
+    /// The previous holder must have let go of its lock first ([`SandboxIds::let_go`]);
+    /// a claim still locked, missing, or naming someone else is refused.
+    pub fn take_over(
+        dir: &Path,
+        uid: u32,
+        from_owner: &str,
+        to_owner: &str,
+    ) -> Result<SandboxIds, Error> {
+        let _lock = DirLock::take(dir)?;
+        let path = dir.join(uid.to_string());
+        let fail = |what: String| {
+            Error::Containment(format!(
+                "cannot take over the id claim {} of {from_owner} for {to_owner}: {what}",
+                path.display()
+            ))
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| fail(e.to_string()))?;
+        let mut owner = String::new();
+        file.read_to_string(&mut owner)
+            .map_err(|e| fail(e.to_string()))?;
+        if owner != from_owner && owner != to_owner {
+            return Err(fail(format!("it is held for {owner:?}")));
+        }
+        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                return Err(fail(
+                    "a live process still holds it (the VM factory must let go of a VM's \
+                     claim before it offers the VM)"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        file.set_len(0).map_err(|e| fail(e.to_string()))?;
+        file.rewind().map_err(|e| fail(e.to_string()))?;
+        file.write_all(to_owner.as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(SandboxIds {
+            uid,
+            gid: uid,
+            claim: path,
+            _held: file,
+        })
+    }
+
+    /// Lets go of the claim's lock but keeps the claim: the id stays taken while a
+    /// process runs as it (a claim nobody holds is reclaimed only once no process runs
+    /// as its uid), and another process may [`SandboxIds::take_over`] it. The VM
+    /// factory does this for a VM it offers; [`release_claims_of`] with the claim's
+    /// owner removes it once the VM is stopped.
+    pub fn let_go(self) {
+        drop(self);
+    }
+
+    /// The uid `owner` holds a claim of in `dir`, if any.
+    pub fn claimed_by(dir: &Path, owner: &str) -> Option<u32> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(uid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            if text == owner {
+                return Some(uid);
+            }
+        }
+        None
+    }
+
     /// Gives the id back, once nothing runs as it any more.
     pub fn release(self) {
         let Some(dir) = self.claim.parent() else {
@@ -1113,5 +1195,42 @@ mod tests {
         assert!(dir.path().join("1879048193").exists());
         assert!(held.claim.exists());
         held.release();
+    }
+
+    #[test]
+    fn a_pooled_vms_claim_is_handed_over_to_the_sandbox_that_adopts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = range(0x7300_0000, 2);
+        let factory = SandboxIds::claim(dir.path(), &r, "pool-1").unwrap();
+        let uid = factory.uid;
+        assert_eq!(SandboxIds::claimed_by(dir.path(), "pool-1"), Some(uid));
+        // While the factory holds it, nobody takes it over.
+        let e = SandboxIds::take_over(dir.path(), uid, "pool-1", "sb")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("still holds it"), "{e}");
+        factory.let_go();
+        // Let go of, the claim stays: the uid is still the VM's.
+        let path = dir.path().join(uid.to_string());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "pool-1");
+        // Only for the VM it names.
+        let e = SandboxIds::take_over(dir.path(), uid, "pool-2", "sb")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("held for \"pool-1\""), "{e}");
+        let adopted = SandboxIds::take_over(dir.path(), uid, "pool-1", "sb").unwrap();
+        assert_eq!((adopted.uid, adopted.gid), (uid, uid));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "sb");
+        assert_eq!(SandboxIds::claimed_by(dir.path(), "pool-1"), None);
+        // Held by the sandbox now: the factory's clean-up by the VM's id leaves it, and
+        // no other sandbox gets the uid.
+        release_claims_of(dir.path(), "pool-1");
+        release_claims_of(dir.path(), "sb");
+        assert!(path.exists());
+        let other = SandboxIds::claim(dir.path(), &r, "other").unwrap();
+        assert_ne!(other.uid, uid);
+        other.release();
+        adopted.release();
+        assert!(!path.exists());
     }
 }

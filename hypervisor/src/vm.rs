@@ -37,8 +37,8 @@ pub struct NetDevice {
     pub mac: String,
 }
 
-/// What a started VM looks like from the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a started VM looks like from the host (serialized in a pooled VM's ready file).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmInfo {
     /// Hybrid vsock unix socket: connect, write `CONNECT 1024\n`, read `OK <n>\n`, then the
     /// stream reaches guest port 1024.

@@ -253,6 +253,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
             "runtime.hypervisor_name",
             word(c.runtime.hypervisor_name.as_str()),
         ),
+        ("factory.vm_cache_number", int(c.factory.vm_cache_number)),
+        ("factory.vm_cache_dir", path(&c.factory.vm_cache_dir)),
+        // Templates are refused when on; what is in effect is always off.
+        ("factory.enable_template", toml::Value::Boolean(false)),
     ]
 }
 

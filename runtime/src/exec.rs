@@ -56,7 +56,14 @@ fn hybrid_vsock_socket(id: &str, state_root: &Path, vm_root: &Path) -> Result<Pa
             state.display()
         ));
     }
-    let run_dir = vm_root.join(id);
+    // A sandbox started from the VM pool runs on a VM named by the pool's id.
+    let vm_id = std::fs::read(&state)
+        .ok()
+        .and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok())
+        .and_then(|v| v.pointer("/pooled/vm_id")?.as_str().map(str::to_string))
+        .filter(|vm| protocols::id::validate(vm).is_ok())
+        .unwrap_or_else(|| id.to_string());
+    let run_dir = vm_root.join(vm_id);
     let candidates = [
         hypervisor::qemu::layout::RunDirLayout::new(&run_dir).agent_socket,
         hypervisor::builtin::BuiltinLayout::new(&run_dir).agent_socket,
@@ -219,6 +226,24 @@ mod tests {
         assert_eq!(
             hybrid_vsock_socket("sb1", &state, &vm).unwrap(),
             vm.join("sb1/kata.hvsock")
+        );
+
+        // A sandbox on a pooled VM: the socket is in the VM's run directory.
+        std::fs::write(
+            state.join("sb1/persist.json"),
+            r#"{"pooled":{"vm_id":"pool-0123456789abcdef"}}"#,
+        )
+        .unwrap();
+        let err = hybrid_vsock_socket("sb1", &state, &vm).unwrap_err();
+        assert!(
+            err.contains("vm/pool-0123456789abcdef/kata.hvsock"),
+            "{err}"
+        );
+        std::fs::create_dir_all(vm.join("pool-0123456789abcdef")).unwrap();
+        let _pooled = UnixListener::bind(vm.join("pool-0123456789abcdef/kata.hvsock")).unwrap();
+        assert_eq!(
+            hybrid_vsock_socket("sb1", &state, &vm).unwrap(),
+            vm.join("pool-0123456789abcdef/kata.hvsock")
         );
     }
 

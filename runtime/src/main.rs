@@ -16,6 +16,7 @@ mod containerd;
 mod effective;
 mod env;
 mod exec;
+mod factory;
 mod report;
 
 use std::path::PathBuf;
@@ -26,6 +27,7 @@ const USAGE: &str = "\
 usage: kata-runtime [--config FILE] check [--containerd-config FILE]
        kata-runtime [--config FILE] env [--json] [--containerd-config FILE]
        kata-runtime exec SANDBOX-ID
+       kata-runtime [--config FILE] factory init|status|destroy
        kata-runtime --version
 
   check   one line per requirement: ok, warn (runs, but worse) or FAIL with what to do;
@@ -34,6 +36,9 @@ usage: kata-runtime [--config FILE] check [--containerd-config FILE]
           and paths, as TOML (--json: as JSON)
   exec    an interactive root shell in the guest of sandbox SANDBOX-ID, through its debug
           console (only when [agent.kata] debug_console_enabled = true; leave with `exit`)
+  factory the VM pool ([factory] vm_cache_number): `init` keeps that many booted VMs
+          ready (foreground, until SIGTERM), `status` lists them, `destroy` stops the
+          factory and every ready VM
 
   --config FILE             the configuration file (default: $KATA_CONF_FILE, then
                             /etc/kata-containers/configuration.toml, then
@@ -88,7 +93,28 @@ fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
 }
 
 fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // `factory ...`: everything after the word is the shim's factory command's.
+    if let Some(at) = argv.iter().position(|a| a == "factory") {
+        let (before, after) = argv.split_at(at);
+        let args = match parse_args(before.iter().cloned()) {
+            Ok(args) if args.command.is_none() => args,
+            Ok(_) => {
+                eprintln!("kata-runtime: factory cannot follow another command\n{USAGE}");
+                std::process::exit(EX_USAGE);
+            }
+            Err(why) => {
+                eprintln!("kata-runtime: {why}\n{USAGE}");
+                std::process::exit(EX_USAGE);
+            }
+        };
+        eprintln!(
+            "kata-runtime factory: {}",
+            factory::exec(&after[1..], args.config.as_ref())
+        );
+        std::process::exit(1);
+    }
+    let args = match parse_args(argv) {
         Ok(args) => args,
         Err(why) => {
             eprintln!("kata-runtime: {why}\n{USAGE}");

@@ -60,6 +60,7 @@ impl Launcher for VmLauncher {
         let (cfg, size) = crate::sizing::apply(cfg, &spec.resources)?;
         slog::info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
             "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);
+        crate::metrics::METRICS.set_vm_size(size.vcpus, size.memory_mib);
         Ok(Sandbox::create(id, &cfg, spec, log).await?)
     }
 }

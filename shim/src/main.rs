@@ -9,13 +9,16 @@ mod cgroup;
 mod command;
 mod container;
 mod events;
+mod factory;
 mod io;
 mod launch;
 mod log;
+mod metrics;
 mod mount;
 mod network;
 mod options;
 mod persist;
+mod pooled;
 mod ratelimit;
 mod sandbox;
 mod service;
@@ -38,6 +41,10 @@ const RUNTIME_ID: &str = "io.containerd.kata.v2";
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
+    // `factory init|status|destroy`: the VM pool's daemon (`kata-runtime factory` runs it).
+    if args.get(1).is_some_and(|a| a == "factory") {
+        return factory::daemon::main(args.get(2..).unwrap_or_default());
+    }
     let flags = match containerd_shim::parse(args.get(1..).unwrap_or_default()) {
         Ok(flags) => flags,
         Err(e) => {

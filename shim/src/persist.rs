@@ -30,6 +30,32 @@ pub struct SandboxState {
     /// Host cgroup directories the sandbox made, parents first.
     #[serde(default)]
     pub cgroups: Vec<PathBuf>,
+    /// The pooled VM the sandbox runs on (issue 30); None: it booted its own.
+    #[serde(default)]
+    pub pooled: Option<PooledState>,
+}
+
+/// A VM the sandbox took from the VM factory's pool: what its clean-up needs beyond a
+/// cold start's (the VM's run directory and share are named by the VM's id).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PooledState {
+    /// The pooled VM's id (`pool-…`): its run directory `/run/vc/vm/<vm_id>`, its share
+    /// and, until the sandbox took it over, its uid claim are named by it.
+    pub vm_id: String,
+    /// The bind of the pool's network namespace the VM started in, removed at adoption.
+    pub netns: PathBuf,
+    /// The pool's claimed file of the VM, removed once this state records the VM.
+    pub claimed: PathBuf,
+}
+
+impl SandboxState {
+    /// The id the VM's run directory and share are named by: the pooled VM's, else the
+    /// sandbox's.
+    pub fn vm_id(&self) -> &str {
+        self.pooled
+            .as_ref()
+            .map_or(self.sandbox_id.as_str(), |p| p.vm_id.as_str())
+    }
 }
 
 pub fn state_dir(sandbox_id: &str) -> PathBuf {
@@ -77,5 +103,19 @@ mod tests {
         let s: SandboxState = serde_json::from_str(text).unwrap();
         assert_eq!(s.sandbox_id, "abc");
         assert!(s.mounts.is_empty() && s.helper_pids.is_empty());
+        assert_eq!(
+            s.vm_id(),
+            "abc",
+            "a cold sandbox's VM is named by the sandbox"
+        );
+    }
+
+    #[test]
+    fn a_pooled_sandboxs_vm_is_named_by_the_pooled_vm() {
+        let text = r#"{"sandbox_id":"abc","shim_pid":7,
+            "pooled":{"vm_id":"pool-00112233445566aa","netns":"/run/vc/pool/k/netns/x",
+            "claimed":"/run/vc/pool/k/claimed-abc.json"}}"#;
+        let s: SandboxState = serde_json::from_str(text).unwrap();
+        assert_eq!(s.vm_id(), "pool-00112233445566aa");
     }
 }

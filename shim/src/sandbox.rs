@@ -3,6 +3,13 @@
 //!
 //! - Creation is all or nothing: a failure at any step undoes the steps before it
 //!   ([`Progress::undo`]), so a failed create leaves no process, mount or directory.
+//! - With `[factory] vm_cache_number` above 0, creation first claims a booted VM from the
+//!   pool the VM factory keeps (`Sandbox::create_pooled`): its processes, uid claim,
+//!   host cgroup, priority and tap are handed over to the sandbox, and the guest takes
+//!   the pod's network. No ready VM of this configuration, a pod with other than one
+//!   interface, or a failed hand-over (undone): the sandbox boots its own VM.
+//! - Every guest gets 64 random bytes of the host's at CreateSandbox, mixed into its
+//!   entropy pool before any container runs.
 //! - While it runs, a watchdog waits on the VMM and its helpers. When one of them dies
 //!   (or the guest powers off or panics, which ends the VMM), the sandbox *ends*: the
 //!   agent client fails every request at once, the remaining helpers are stopped, and
@@ -21,9 +28,10 @@ use tokio::task::JoinHandle;
 
 use crate::agent::{Agent, AgentError, KataAgent};
 use crate::cgroup;
+use crate::factory::pool;
 use crate::mount::{self, SharedDirs};
 use crate::network::port_forward::PortForward;
-use crate::network::{self, PodNetwork};
+use crate::network::{self, PodNetwork, PodScan};
 use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
@@ -52,6 +60,8 @@ pub enum SandboxError {
     Network(#[from] network::NetworkError),
     #[error("setting up the guest for the pod: {0}")]
     Guest(AgentError),
+    #[error("reading random bytes for the guest from the host kernel: {0}")]
+    Entropy(std::io::Error),
 }
 
 pub struct Sandbox {
@@ -116,10 +126,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
-    let run_dir = format!(
-        "{}/",
-        Path::new(VM_RUN_ROOT).join(&state.sandbox_id).display()
-    );
+    let run_dir = format!("{}/", Path::new(VM_RUN_ROOT).join(state.vm_id()).display());
     for pid in hypervisor::process::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
@@ -142,16 +149,26 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // The uid its VMM ran as, which a crashed shim could not give back; kept while one
     // of them survives.
     if survivors.is_empty() {
-        hypervisor::jail::release_claims_of(
-            Path::new(hypervisor::jail::ID_CLAIMS_DIR),
-            &state.sandbox_id,
-        );
+        let claims = Path::new(hypervisor::jail::ID_CLAIMS_DIR);
+        hypervisor::jail::release_claims_of(claims, &state.sandbox_id);
+        // A pooled VM's claim names the VM until the sandbox has taken it over.
+        if let Some(pooled) = &state.pooled {
+            hypervisor::jail::release_claims_of(claims, &pooled.vm_id);
+        }
     } else {
         warn!(log, "processes of the sandbox survived SIGKILL"; "pids" => format!("{survivors:?}"));
     }
     cgroup::remove(&state.cgroups);
+    if let Some(pooled) = &state.pooled {
+        let mut left = crate::factory::pool::Leftovers::default();
+        crate::factory::pool::remove_netns(&pooled.netns, &mut left);
+        if !left.is_empty() {
+            warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
+        }
+        let _ = std::fs::remove_file(&pooled.claimed);
+    }
     mount::unmount_all(&state.mounts);
-    let share = SharedDirs::for_sandbox(&state.sandbox_id);
+    let share = SharedDirs::for_sandbox(state.vm_id());
     for m in mount::mounts_under(&share.base) {
         mount::unmount(&m);
     }
@@ -183,6 +200,11 @@ impl Sandbox {
         log: &Logger,
     ) -> Result<Arc<Sandbox>, SandboxError> {
         let t0 = Instant::now();
+        if cfg.factory.enabled() {
+            if let Some(sb) = Self::create_pooled(id, cfg, spec, log, t0).await {
+                return Ok(sb);
+            }
+        }
         let shared = SharedDirs::for_sandbox(id);
         let run_dir = Path::new(VM_RUN_ROOT).join(id);
         let mut progress = Progress {
@@ -225,7 +247,7 @@ impl Sandbox {
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
-        sb.start_watchdog(watched);
+        sb.start_watchdog(watched, false);
         if let Some(netns) = &spec.netns {
             sb.start_port_forward(netns, info.agent_socket.clone())
                 .await;
@@ -291,6 +313,7 @@ impl Sandbox {
         watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
         info!(log, "phase: VMM launched"; "phase" => "VMM launched", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
+        crate::metrics::METRICS.phase("vmm_launched");
 
         let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
         let (agent, check) = KataAgent::dial(
@@ -313,23 +336,247 @@ impl Sandbox {
         })?;
         info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
             "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
-        // The guest becomes the pod's: hostname and network (nothing to do for a lone
-        // container without either).
-        let request = match &pod_network {
-            Some(net) => Some(net.sandbox_request(&spec.hostname)),
-            None if !spec.hostname.is_empty() => Some(protocols::agent::CreateSandboxRequest {
+        crate::metrics::METRICS.phase("agent_reachable");
+        // The guest becomes the pod's: its own randomness, hostname and network.
+        let mut request = match &pod_network {
+            Some(net) => net.sandbox_request(&spec.hostname),
+            None => protocols::agent::CreateSandboxRequest {
                 hostname: spec.hostname.clone(),
                 ..Default::default()
-            }),
-            None => None,
+            },
         };
-        if let Some(request) = request {
+        request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
+        agent
+            .create_sandbox(request)
+            .await
+            .map_err(SandboxError::Guest)?;
+        Ok((agent, info, watched))
+    }
+
+    /// Starts sandbox `id` on a VM of the pool (issue 30), when one fits: None when the
+    /// pool has no ready VM of this configuration, the pod has other than one network
+    /// interface, or the adoption failed (undone then; the log says why). The caller
+    /// then boots cold.
+    async fn create_pooled(
+        id: &str,
+        cfg: &kata_config::Config,
+        spec: &SandboxSpec,
+        log: &Logger,
+        t0: Instant,
+    ) -> Option<Arc<Sandbox>> {
+        let dir = cfg.factory.vm_cache_dir.clone();
+        let key = pool::pool_key(cfg);
+        // An empty pool (its factory stopped, or drained by a burst of starts) costs a
+        // look at one directory, not a read of the pod's network.
+        let ready = pool::ready_dir(&dir, &key);
+        if !std::fs::read_dir(&ready).is_ok_and(|mut d| d.next().is_some()) {
+            info!(log, "booting cold: no ready VM in the pool"; "pool" => ready.display());
+            return None;
+        }
+        let pod = match &spec.netns {
+            None => None,
+            Some(netns) => match PodScan::read(netns).await {
+                Ok(pod) if pod.interfaces() == 1 => Some(pod),
+                Ok(pod) => {
+                    info!(log, "booting cold: a pooled VM has one NIC and the pod has {} network interfaces", pod.interfaces());
+                    return None;
+                }
+                Err(e) => {
+                    info!(log, "booting cold: the pod's network namespace cannot be read"; "error" => %e);
+                    return None;
+                }
+            },
+        };
+        let claimed = {
+            let (dir, key, id) = (dir.clone(), key.clone(), id.to_string());
+            tokio::task::spawn_blocking(move || pool::claim(&dir, &key, &id))
+                .await
+                .ok()
+                .flatten()
+        };
+        let Some(vm) = claimed else {
+            info!(log, "booting cold: no ready VM in the pool"; "pool" => ready.display());
+            return None;
+        };
+        info!(log, "phase: VM claimed from pool"; "phase" => "VM claimed from pool",
+            "elapsed_ms" => t0.elapsed().as_millis() as u64, "vm" => &vm.id,
+            "vmm_pid" => vm.info.vmm_pid);
+        let mut progress = Progress {
+            state: SandboxState {
+                sandbox_id: id.to_string(),
+                shim_pid: std::process::id(),
+                dirs: vec![
+                    vm.shared.base.clone(),
+                    vm.run_dir.clone(),
+                    persist::state_dir(id),
+                ],
+                mounts: vm.shared.made.clone(),
+                vmm_pid: vm.info.vmm_pid,
+                helper_pids: vm.info.helper_pids.clone(),
+                pooled: Some(persist::PooledState {
+                    vm_id: vm.id.clone(),
+                    netns: vm.netns.clone(),
+                    claimed: pool::claimed_file(&dir, &key, id),
+                }),
+                ..Default::default()
+            },
+            vm: None,
+            host_cgroup: cgroup::HostCgroup::default(),
+        };
+        let adopted = Self::adopt_steps(id, cfg, spec, log, &vm, pod, &mut progress, t0).await;
+        let (agent, watched, vm_handle) = match (adopted, progress.vm.take()) {
+            (Ok((agent, watched)), Some(handle)) => (agent, watched, handle),
+            (result, handle) => {
+                progress.vm = handle;
+                let e = result
+                    .err()
+                    .unwrap_or_else(|| SandboxError::Vm("VM handle lost".into()));
+                warn!(log, "the pooled VM could not be adopted; it is stopped and the sandbox boots cold";
+                    "vm" => &vm.id, "error" => %e);
+                progress.undo(log).await;
+                return None;
+            }
+        };
+        let sb = Arc::new(Sandbox {
+            shared: vm.shared.dirs(),
+            guest_rootfs_root: hypervisor::guest_rootfs_root(cfg),
+            agent: Arc::new(agent),
+            task_pid: vm.info.vmm_pid.max(0) as u32,
+            console_log: Some(vm.info.console_log.clone()),
+            state: Mutex::new(progress.state),
+            persist: true,
+            vm: tokio::sync::Mutex::new(Some(vm_handle)),
+            ended: watch::channel(None).0,
+            watchdog: Mutex::new(None),
+            port_forward: Mutex::new(None),
+            host_cgroup: progress.host_cgroup,
+            log: log.clone(),
+            debug: cfg.runtime.enable_debug,
+        });
+        sb.start_watchdog(watched, true);
+        if let Some(netns) = &spec.netns {
+            sb.start_port_forward(netns, vm.info.agent_socket.clone())
+                .await;
+        }
+        Some(sb)
+    }
+
+    /// The hand-over of a claimed pooled VM `vm` to sandbox `id`: its uid claim, host
+    /// cgroup and priority, the pod's network, then the guest (reseeded, hostname,
+    /// network). Everything done is in `progress` for undoing.
+    #[allow(clippy::too_many_arguments)]
+    async fn adopt_steps(
+        id: &str,
+        cfg: &kata_config::Config,
+        spec: &SandboxSpec,
+        log: &Logger,
+        vm: &pool::PooledVm,
+        pod: Option<PodScan>,
+        progress: &mut Progress,
+        t0: Instant,
+    ) -> Result<(KataAgent, Vec<Watched>), SandboxError> {
+        progress.state.save().map_err(SandboxError::Persist)?;
+        // Recorded in persist.json: the claimed file has done its work.
+        if let Some(pooled) = &progress.state.pooled {
+            let _ = std::fs::remove_file(&pooled.claimed);
+        }
+        let ids = vm
+            .take_over_ids(id)
+            .map_err(|e| SandboxError::Vm(e.to_string()))?;
+        progress.vm = Some(Box::new(hypervisor::adopted::Adopted::new(
+            vm.info.clone(),
+            vm.run_dir.clone(),
+            ids,
+            log.clone(),
+        )));
+        // Named now, while they run: a name read after a death says nothing.
+        let mut watched = vec![Watched::vmm(vm.info.vmm_pid)];
+        watched.extend(vm.info.helper_pids.iter().map(|&p| Watched::helper(p)));
+
+        let steps = Instant::now();
+        let procs = crate::pooled::processes(&vm.pids());
+        // First: the VM runs at full priority from here on (the factory booted it at 19).
+        let threads = crate::pooled::renice(&procs, 0);
+        let reniced_ms = steps.elapsed().as_secs_f64() * 1e3;
+        if let Some(path) = &spec.cgroups_path {
+            let host_cgroup = cgroup::create(path)?;
+            progress.state.cgroups = host_cgroup.created.clone();
+            progress.host_cgroup = host_cgroup;
+            progress.state.save().map_err(SandboxError::Persist)?;
+        }
+        let mut pod_network = None;
+        if let Some(pod) = pod {
+            let net = PodNetwork::adopt(pod, &vm.netns, &vm.tap).await?;
+            progress.state.network = Some(net.state.clone());
+            progress.state.save().map_err(SandboxError::Persist)?;
+            pod_network = Some(net);
+        }
+        // While the guest is reached: the moves into the pod's cgroup and the removal of
+        // the pool's network namespace bind (the tap has moved, or stays unused; the
+        // namespace lives on with the VMM alone). Each may wait for an RCU grace period.
+        let background = {
+            let (dirs, procs, netns) = (
+                progress.host_cgroup.dirs.clone(),
+                procs.clone(),
+                vm.netns.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                let at = Instant::now();
+                let moved = crate::pooled::move_to_cgroup(&dirs, &procs);
+                let moved_ms = at.elapsed().as_secs_f64() * 1e3;
+                let mut left = pool::Leftovers::default();
+                pool::remove_netns(&netns, &mut left);
+                (moved, moved_ms, left)
+            })
+        };
+        info!(log, "phase: VM handed over"; "phase" => "VM handed over",
+            "elapsed_ms" => t0.elapsed().as_millis() as u64, "processes" => procs.len());
+        crate::metrics::METRICS.phase("vmm_launched");
+        let handed_ms = steps.elapsed().as_secs_f64() * 1e3;
+
+        let guest = async {
+            let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
+            let (agent, _) = KataAgent::dial(
+                &vm.info.agent_socket,
+                protocols::AGENT_VSOCK_PORT,
+                timeout,
+                || watchdog::exited(&watched),
+            )
+            .await
+            .map_err(|e| {
+                SandboxError::Agent(e, hypervisor::process::log_tail(&vm.info.console_log))
+            })?;
+            info!(log, "phase: agent reachable"; "phase" => "agent reachable",
+                "elapsed_ms" => t0.elapsed().as_millis() as u64);
+            crate::metrics::METRICS.phase("agent_reachable");
+            let mut request = match &pod_network {
+                Some(net) => net.pooled_sandbox_request(&spec.hostname, &vm.mac),
+                None => protocols::agent::CreateSandboxRequest {
+                    hostname: spec.hostname.clone(),
+                    ..Default::default()
+                },
+            };
+            request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
             agent
                 .create_sandbox(request)
                 .await
                 .map_err(SandboxError::Guest)?;
+            Ok::<KataAgent, SandboxError>(agent)
+        };
+        // Both end before this returns, also on failure (undo then removes the cgroup).
+        let (background, guest) = tokio::join!(background, guest);
+        let (moved, moved_ms, left) =
+            background.map_err(|e| SandboxError::Vm(format!("handing the pooled VM over: {e}")))?;
+        debug!(log, "pooled VM hand-over steps";
+            "renice_ms" => reniced_ms, "threads" => threads,
+            "cgroup_and_network_ms" => handed_ms - reniced_ms,
+            "cgroup_move_ms" => moved_ms);
+        if !left.is_empty() {
+            warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
         }
-        Ok((agent, info, watched))
+        moved.map_err(|e| SandboxError::Vm(e.to_string()))?;
+        let agent = guest?;
+        Ok((agent, watched))
     }
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests.
@@ -395,10 +642,16 @@ impl Sandbox {
         }
     }
 
-    fn start_watchdog(self: &Arc<Self>, watched: Vec<Watched>) {
+    /// Watches the VM's processes: the shim's children through its reaper, others' (a
+    /// pooled VM's, `of_others`) through pidfds.
+    fn start_watchdog(self: &Arc<Self>, watched: Vec<Watched>, of_others: bool) {
         let sb = Arc::downgrade(self);
         let task = tokio::spawn(async move {
-            let cause = watchdog::first_exit(watched).await;
+            let cause = if of_others {
+                watchdog::first_exit_of_others(watched).await
+            } else {
+                watchdog::first_exit(watched).await
+            };
             if let Some(sb) = sb.upgrade() {
                 sb.vm_ended(&cause).await;
             }

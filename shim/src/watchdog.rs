@@ -1,10 +1,12 @@
 //! Watches the processes a sandbox depends on (the VMM and its helpers) and says which
 //! ended first and how.
 //!
-//! Event-driven, no polling: the shim's SIGCHLD reaper (containerd-shim's) reaps every
-//! child and announces each exit on its monitor; the watchdog subscribes to those
-//! announcements, then checks once that every watched process is still alive, so an exit
-//! between the start of the VM and the subscription is not missed.
+//! Event-driven, no polling. The shim's own children (a cold start's VMM and helpers):
+//! the shim's SIGCHLD reaper (containerd-shim's) reaps every child and announces each
+//! exit on its monitor; the watchdog subscribes to those announcements, then checks once
+//! that every watched process is still alive, so an exit between the start of the VM
+//! and the subscription is not missed. Processes of another parent (a pooled VM's, the
+//! VM factory's children): a pidfd each ([`first_exit_of_others`]).
 
 use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
 use containerd_shim::monitor::{Subject, Topic};
@@ -74,6 +76,87 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
     ended
 }
 
+/// [`first_exit`] for processes that are not the shim's children (a pooled VM's, whose
+/// parent is the VM factory): the reaper never hears of them, so each is watched through
+/// a pidfd, which becomes readable when the process exits. How it ended is read from
+/// `/proc/<pid>/stat` while it is a zombie; once its parent has reaped it, only that it
+/// exited is known.
+pub async fn first_exit_of_others(watched: Vec<Watched>) -> String {
+    let mut waits = Vec::new();
+    for w in &watched {
+        match pidfd(w.pid) {
+            Ok(fd) => waits.push(Box::pin(async move {
+                // Readable once the process has exited; an error means the same for us.
+                let _ = fd.readable().await;
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return format!("{} (pid {}) {}", w.what, w.pid, describe_other(w.pid));
+            }
+            Err(e) => {
+                return format!(
+                    "the sandbox's processes cannot be watched: pidfd_open({}): {e}",
+                    w.pid
+                )
+            }
+        }
+    }
+    if waits.is_empty() {
+        return "the sandbox has no process to watch".into();
+    }
+    let (_, i, _) = futures::future::select_all(waits).await;
+    let w = &watched[i];
+    format!("{} (pid {}) {}", w.what, w.pid, describe_other(w.pid))
+}
+
+/// A pidfd of `pid`, registered with the runtime for readiness.
+fn pidfd(pid: i32) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags by value and returns a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor pidfd_open just returned, owned by nobody else.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+    // SAFETY: the AsyncFd owns the descriptor, which stays open until it is dropped.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| e.into_parts().1)
+}
+
+/// How a process that is not our child ended, as far as `/proc` still says.
+fn describe_other(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| zombie_status(&stat))
+        .map(describe_wait_status)
+        .unwrap_or_else(|| "exited".into())
+}
+
+/// The wait status of a zombie's `/proc/<pid>/stat` line (field 52, `exit_code`).
+fn zombie_status(stat: &str) -> Option<i32> {
+    // The fields after the parenthesised command name (which may hold ')') start with
+    // field 3, the state.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    if fields.first() != Some(&"Z") {
+        return None;
+    }
+    fields.get(52 - 3)?.parse().ok()
+}
+
+/// A `waitpid` status as a sentence.
+fn describe_wait_status(status: i32) -> String {
+    if libc::WIFSIGNALED(status) {
+        format!("was killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
+    }
+}
+
 /// The reaper reports `128 + signal` for a process killed by a signal.
 fn describe(code: i32) -> String {
     if code > 128 && code < 128 + 65 {
@@ -92,6 +175,66 @@ mod tests {
         assert_eq!(describe(137), "was killed by signal 9");
         assert_eq!(describe(0), "exited with status 0");
         assert_eq!(describe(1), "exited with status 1");
+    }
+
+    #[test]
+    fn a_zombies_status_reads_as_a_sentence() {
+        let fields: Vec<String> = (4..=52).map(|i| i.to_string()).collect();
+        let mut stat = format!("77 (qemu) x) Z {}", fields.join(" "));
+        // Field 52 (exit_code): killed by SIGKILL.
+        stat = stat.replace(" 52", " 9");
+        assert_eq!(zombie_status(&stat), Some(9));
+        assert_eq!(describe_wait_status(9), "was killed by signal 9");
+        assert_eq!(describe_wait_status(3 << 8), "exited with status 3");
+        assert_eq!(zombie_status(&stat.replace(" Z ", " S ")), None);
+    }
+
+    #[tokio::test]
+    async fn the_exit_of_a_process_that_is_not_ours_ends_the_watch() {
+        // A grandchild: `sh` is its parent and reaps it, never us.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 100 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let pid: i32 = line.trim().parse().unwrap();
+        let watch = tokio::spawn(first_exit_of_others(vec![Watched {
+            pid,
+            what: "the VMM sleep".into(),
+        }]));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!watch.is_finished(), "the process still runs");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let why = tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+            .await
+            .expect("the exit ends the watch")
+            .unwrap();
+        assert!(
+            why.starts_with(&format!("the VMM sleep (pid {pid}) ")),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("was killed by signal 9") || why.ends_with("exited"),
+            "{why}"
+        );
+        sh.wait().unwrap();
+        // Gone before the watch starts: said at once.
+        let why = first_exit_of_others(vec![Watched {
+            pid,
+            what: "helper sleep".into(),
+        }])
+        .await;
+        assert_eq!(why, format!("helper sleep (pid {pid}) exited"));
     }
 
     #[tokio::test]

@@ -94,13 +94,18 @@ fn classify(id: &str, cmdline: &str) -> Option<Part> {
     }
 }
 
-/// The live host processes of sandbox `id`, found by their command lines.
+/// The live host processes of sandbox `id`, found by their command lines (those of a
+/// VM from the pool name the pooled VM's id, which its `persist.json` records).
 pub fn sandbox_processes(id: &str) -> Vec<SandboxProcess> {
+    let vm = crate::pooled_vm_of(id);
     all_pids()
         .into_iter()
         .filter_map(|pid| {
             let cmdline = cmdline_of(pid)?;
-            let part = classify(id, &cmdline)?;
+            let part = classify(id, &cmdline).or_else(|| {
+                let vm = vm.as_deref()?;
+                classify(vm, &cmdline).filter(|p| *p != Part::Shim)
+            })?;
             Some(SandboxProcess { pid, part, cmdline })
         })
         .collect()

@@ -12,6 +12,7 @@ mod background;
 mod cri;
 mod debug_shell;
 mod host;
+mod pool;
 mod probe;
 mod runtime_config;
 
@@ -23,6 +24,7 @@ pub use background::Background;
 pub use cri::*;
 pub use debug_shell::{debug_shell, finish_shell, kata_runtime};
 pub use host::*;
+pub use pool::*;
 pub use probe::StaticProbe;
 pub use runtime_config::{toml_str, Backend, RuntimeConfig};
 

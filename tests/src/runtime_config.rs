@@ -19,6 +19,13 @@ pub struct RuntimeConfig {
     sections: Vec<(String, Vec<(String, String)>)>,
 }
 
+/// The pool directory of `KATA_TEST_POOL_DIR`, when set (and not empty).
+pub fn pool_dir() -> Option<String> {
+    std::env::var("KATA_TEST_POOL_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
 /// `s` as a TOML basic string.
 pub fn toml_str(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
@@ -32,10 +39,20 @@ impl RuntimeConfig {
             env("KATA_TEST_INITRD"),
             env("KATA_TEST_SHIM_DIR"),
         );
-        let config = RuntimeConfig {
+        let mut config = RuntimeConfig {
             sections: Vec::new(),
         }
         .set("runtime", "enable_debug", "true");
+        // `KATA_TEST_POOL_DIR=DIR`: every sandbox looks for a pooled VM there first, so a
+        // suite run once against a running factory (`kata-runtime factory init` with the
+        // same configuration) starts its sandboxes from the pool.
+        if let Some(dir) = pool_dir() {
+            config = config.set("factory", "vm_cache_number", "2").set(
+                "factory",
+                "vm_cache_dir",
+                &toml_str(&dir),
+            );
+        }
         match backend {
             Backend::Qemu => config
                 .set("hypervisor.qemu", "kernel", &toml_str(&kernel))

@@ -176,7 +176,11 @@ fn cause_is_logged(c: &Containerd, fault: &Fault) {
 fn killed_during_boot(name: &str, part: Part) {
     let id = &format!("flt-{name}");
     let _cleanup = SandboxCleanup::new(id);
-    let c = Containerd::start(name);
+    // A boot is what is faulted: never from the VM pool (KATA_TEST_POOL_DIR).
+    let c = Containerd::start_configured(
+        name,
+        &RuntimeConfig::qemu().set("factory", "vm_cache_number", "0"),
+    );
     let mut run = c.ctr_background(&refs(&detached_sleep(&c, id, &[])));
     let console = format!("/run/vc/vm/{id}/console.log");
     let vmm = poll(BOOT, Duration::from_millis(5), || {

@@ -13,6 +13,7 @@ mod containment;
 mod guest;
 mod host;
 mod kvm;
+mod pool;
 mod vmm;
 
 use std::path::{Path, PathBuf};
@@ -82,6 +83,7 @@ pub fn run(eff: &Effective, containerd_config: &Path) -> Report {
         }
         lines.extend(host::lines(config, &backend));
         lines.push(containment::line(config, &backend));
+        lines.push(pool::line(config, &backend.file));
         for group in [guest, containerd] {
             lines.extend(joined(group));
         }

@@ -217,8 +217,12 @@ impl KataAgent {
                     .map_err(|_| AgentError::Timeout { op, after }),
             }
         };
+        let t0 = Instant::now();
         tokio::select! {
-            r = answered => r?.map_err(|source| AgentError::Rpc { op, source }),
+            r = answered => {
+                crate::metrics::METRICS.agent_request(op, t0.elapsed());
+                r?.map_err(|source| AgentError::Rpc { op, source })
+            }
             cause = gone.wait_for(Option::is_some) => {
                 let cause = cause.ok().and_then(|c| c.clone()).unwrap_or_default();
                 Err(AgentError::VmGone { op, cause })
@@ -415,6 +419,12 @@ impl Agent for KataAgent {
             .call("GetOOMEvent", Deadline::None, r)
             .await?
             .container_id)
+    }
+
+    async fn get_metrics(&self) -> Result<String> {
+        let req = GetMetricsRequest::new();
+        let r = self.client.get_metrics(ctx(), &req);
+        Ok(self.call("GetMetrics", Deadline::Control, r).await?.metrics)
     }
 
     async fn destroy_sandbox(&self) -> Result<()> {

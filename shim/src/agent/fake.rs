@@ -239,6 +239,13 @@ impl Agent for FakeAgent {
         self.serve("ResumeContainer", async { Ok(()) }).await
     }
 
+    async fn get_metrics(&self) -> Result<String> {
+        self.serve("GetMetrics", async {
+            Ok("# TYPE kata_guest_load gauge\nkata_guest_load{item=\"load1\"} 0.5\n".to_string())
+        })
+        .await
+    }
+
     async fn stats_container(&self, _id: &str) -> Result<StatsContainerResponse> {
         self.serve("StatsContainer", async {
             Ok(StatsContainerResponse::new())

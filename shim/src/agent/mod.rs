@@ -154,4 +154,6 @@ pub trait Agent: Send + Sync {
     async fn get_oom_event(&self) -> Result<String>;
     /// Asks the guest to end the VM; a closed connection is the expected answer.
     async fn destroy_sandbox(&self) -> Result<()>;
+    /// The guest's figures as Prometheus text (untrusted: see `crate::metrics`).
+    async fn get_metrics(&self) -> Result<String>;
 }

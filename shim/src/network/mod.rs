@@ -14,10 +14,11 @@
 //! [`PodNetwork::setup`] is all or nothing; [`teardown`] undoes it from the persisted
 //! [`NetworkState`] (also after a crashed shim) and is idempotent.
 
+mod adopt;
 pub mod netns;
 pub mod port_forward;
 mod scan;
-mod tap;
+pub mod tap;
 mod tc;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use protocols::agent::{CreateSandboxRequest, Interface, Neighbor, Route};
 use rtnetlink::{Handle, LinkUnspec};
 use serde::{Deserialize, Serialize};
 
+pub use adopt::PodScan;
 use scan::format_mac;
 
 /// The shim's taps end with this (and only they do).

@@ -262,3 +262,122 @@ async fn a_namespace_without_interfaces_is_refused_and_left_as_it_was() {
         "{e}"
     );
 }
+
+/// Attaches to tap `name` in the calling thread's namespace, as a VMM does (not blocking).
+fn attach_tap(name: &str) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tun = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/net/tun")
+        .expect("open /dev/net/tun");
+    let mut req = [0u8; 40];
+    req[..name.len()].copy_from_slice(name.as_bytes());
+    let flags = (libc::IFF_TAP | libc::IFF_NO_PI) as u16;
+    req[16..18].copy_from_slice(&flags.to_ne_bytes());
+    let set = nix::request_code_write!(b'T', 202, std::mem::size_of::<libc::c_int>());
+    // SAFETY: TUNSETIFF reads the 40-byte ifreq laid out in `req`.
+    let rc = unsafe { libc::ioctl(tun.as_raw_fd(), set as libc::c_ulong, req.as_mut_ptr()) };
+    assert!(
+        rc >= 0,
+        "attach to {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    tun
+}
+
+#[tokio::test]
+async fn a_pooled_vms_tap_moves_into_the_pod_and_its_vmm_reads_the_pod_traffic() {
+    assert!(
+        is_root(),
+        "pod networking tests need root (as the shim does)"
+    );
+    let ns = CniNetns::new(3);
+    let s = ns.subnet;
+    // The pool's namespace, with the VM's tap, which its VMM holds open.
+    let pool = format!("kata-pool-{}", std::process::id());
+    ip(&["netns", "add", &pool]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _del = Del(pool.clone());
+    let pool_path = PathBuf::from("/var/run/netns").join(&pool);
+    let mut vmm = netns::run_in(&pool_path, || {
+        tap::create_persistent("tap0_kata").map_err(|e| NetworkError::Thread(e.to_string()))?;
+        Ok(attach_tap("tap0_kata"))
+    })
+    .expect("the pool's tap");
+
+    let scan = PodScan::read(&ns.path()).await.expect("scan");
+    assert_eq!(scan.interfaces(), 1);
+    let net = PodNetwork::adopt(scan, &pool_path, "tap0_kata")
+        .await
+        .expect("adopt");
+    assert!(!ip_out(&["-n", &pool, "link", "show"]).contains("tap0_kata"));
+    let tap = ip_out(&["-n", &ns.name, "-o", "link", "show", "tap0_kata"]);
+    assert!(tap.contains("mtu 1400") && tap.contains(",UP"), "{tap}");
+    for (dev, to) in [("eth0", "tap0_kata"), ("tap0_kata", "eth0")] {
+        let filters = tc_out(&["-n", &ns.name, "filter", "show", "dev", dev, "ingress"]);
+        assert!(
+            filters.contains(&format!("Egress Redirect to device {to}")),
+            "{dev}: {filters}"
+        );
+    }
+    // The guest finds its NIC by the MAC it was booted with and takes the veth's.
+    let req = net.pooled_sandbox_request("web", "02:aa:00:00:00:01");
+    assert_eq!(req.interfaces[0].mac, ns.mac());
+    assert_eq!(req.interfaces[0].current_mac, "02:aa:00:00:00:01");
+    assert_eq!(req.routes.len(), 1, "{:?}", req.routes);
+
+    // The VMM's descriptor, opened before the move, reads what reaches the pod.
+    let pod: std::net::SocketAddr = format!("10.250.{s}.2:80").parse().expect("address");
+    let prober = std::thread::spawn(move || {
+        let _ = std::net::TcpStream::connect_timeout(&pod, Duration::from_secs(2));
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut frame = [0u8; 2048];
+    let mut target = Vec::new();
+    while Instant::now() < deadline && target.is_empty() {
+        match vmm.read(&mut frame) {
+            // EtherType ARP (0x0806), target protocol address at offset 38.
+            Ok(n) if n >= 42 && frame[12..14] == [0x08, 0x06] => target = frame[38..42].to_vec(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("reading the moved tap: {e}"),
+        }
+    }
+    prober.join().expect("prober");
+    assert_eq!(
+        target,
+        vec![10, 250, s, 2],
+        "no ARP for the pod reached the VMM"
+    );
+
+    teardown(&net.state, 0).await.expect("teardown");
+    assert!(!ip_out(&["-n", &ns.name, "link", "show"]).contains("tap0_kata"));
+}
+
+#[tokio::test]
+async fn a_pod_with_two_interfaces_cannot_take_a_pooled_vm() {
+    assert!(
+        is_root(),
+        "pod networking tests need root (as the shim does)"
+    );
+    let ns = CniNetns::new(4);
+    ip(&[
+        "-n", &ns.name, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p",
+    ]);
+    let scan = PodScan::read(&ns.path()).await.expect("scan");
+    assert_eq!(scan.interfaces(), 3, "eth0, eth1 and its peer");
+    let e = PodNetwork::adopt(scan, &ns.path(), "tap0_kata")
+        .await
+        .expect_err("more than one interface");
+    assert!(e.to_string().contains("the pod has 3 interfaces"), "{e}");
+    assert!(!ip_out(&["-n", &ns.name, "link", "show"]).contains("_kata"));
+}

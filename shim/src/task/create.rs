@@ -32,6 +32,9 @@ struct Parsed {
 impl Inner {
     pub(super) async fn create_container(self: &Arc<Self>, req: &CreateTaskRequest) -> Result<u32> {
         let t0 = Instant::now();
+        if req.id == self.sandbox_id {
+            crate::metrics::METRICS.start_phases();
+        }
         let parsed = self.parse(req)?;
         let _life = self.lifecycle.lock().await;
         {
@@ -47,6 +50,9 @@ impl Inner {
         self.lock().creating.remove(&req.id);
         let pid = result?;
         info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
+        if req.id == self.sandbox_id {
+            crate::metrics::METRICS.phase("sandbox_created");
+        }
         self.events
             .create(&req.id, &req.bundle, &parsed.stdio, pid)
             .await;
@@ -163,6 +169,7 @@ impl Inner {
         self.lock().sandbox = Some(sb.clone());
         self.watch_sandbox(&sb);
         self.watch_oom(sb.agent());
+        self.serve_metrics();
         Ok((sb, true))
     }
 

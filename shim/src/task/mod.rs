@@ -43,6 +43,8 @@ struct Inner {
     events: Events,
     exit: Arc<ExitSignal>,
     log: Logger,
+    /// `/metrics` on the sandbox's `shim-monitor.sock`, while it has a VM.
+    metrics: Mutex<Option<crate::metrics::server::MetricsServer>>,
 }
 
 impl TaskService {
@@ -62,6 +64,7 @@ impl TaskService {
                 events,
                 exit,
                 log,
+                metrics: Mutex::new(None),
             }),
         }
     }
@@ -88,6 +91,37 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere must not wedge every later RPC.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves the sandbox's metrics on its `shim-monitor.sock`, in the state directory a
+    /// VM sandbox keeps (none for sandboxes without one, as in unit tests). Without it the
+    /// sandbox runs on; only its metrics are missing, which the log says.
+    fn serve_metrics(self: &Arc<Self>) {
+        if !crate::persist::state_dir(&self.sandbox_id).is_dir() {
+            return;
+        }
+        let inner = Arc::downgrade(self);
+        let source: crate::metrics::SandboxSource =
+            Arc::new(move || inner.upgrade().and_then(|i| i.lock().sandbox.clone()));
+        let path = crate::metrics::server::socket_path(&self.sandbox_id);
+        let mut slot = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
+        // A sandbox booted anew replaces the server of the one before.
+        slot.take();
+        match crate::metrics::server::start(&path, source) {
+            Ok(server) => *slot = Some(server),
+            Err(e) => {
+                slog::warn!(self.log, "the sandbox's metrics will not be served"; "socket" => path.display(), "error" => %e)
+            }
+        }
+    }
+
+    /// Stops serving metrics (the sandbox is going; its socket goes with its state
+    /// directory).
+    fn stop_metrics(&self) {
+        self.metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 
     /// Freezes or thaws container `cid` in the guest and records it.
@@ -135,6 +169,7 @@ impl Inner {
             st.sandbox.take()
         };
         if let Some(sb) = sb {
+            self.stop_metrics();
             sb.destroy().await;
         }
         true
@@ -208,6 +243,7 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: CreateTaskRequest,
     ) -> Result<CreateTaskResponse> {
+        let _timer = crate::metrics::task_timer("create");
         info!(self.inner.log, "create"; "container" => &req.id, "bundle" => &req.bundle);
         if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
             return Err(unimplemented(
@@ -222,6 +258,7 @@ impl Task for TaskService {
     }
 
     async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> Result<StartResponse> {
+        let _timer = crate::metrics::task_timer("start");
         let inner = &self.inner;
         let (agent, pid, exec_spec, stdio) = {
             let mut st = inner.lock();
@@ -278,6 +315,9 @@ impl Task for TaskService {
         inner.watch_exit(&req.id, &req.exec_id, agent);
         if req.exec_id.is_empty() {
             info!(inner.log, "phase: container started"; "phase" => "container started", "container" => &req.id);
+            if req.id == inner.sandbox_id {
+                crate::metrics::METRICS.phase("sandbox_started");
+            }
             inner.events.start(&req.id, pid).await;
         } else {
             inner.events.exec_started(&req.id, &req.exec_id, pid).await;
@@ -289,6 +329,7 @@ impl Task for TaskService {
     }
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> Result<StateResponse> {
+        let _timer = crate::metrics::task_timer("state");
         let st = self.inner.lock();
         let c = st.container(&req.id)?;
         let p = st.process(&req.id, &req.exec_id)?;
@@ -314,6 +355,7 @@ impl Task for TaskService {
     }
 
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> Result<WaitResponse> {
+        let _timer = crate::metrics::task_timer("wait");
         let mut rx = self
             .inner
             .lock()
@@ -342,6 +384,7 @@ impl Task for TaskService {
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("kill");
         let agent = {
             let st = self.inner.lock();
             let p = st.process(&req.id, &req.exec_id)?;
@@ -378,6 +421,7 @@ impl Task for TaskService {
     }
 
     async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> Result<DeleteResponse> {
+        let _timer = crate::metrics::task_timer("delete");
         let inner = &self.inner;
         if !req.exec_id.is_empty() {
             let mut st = inner.lock();
@@ -423,6 +467,7 @@ impl Task for TaskService {
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("exec");
         {
             let mut st = self.inner.lock();
             let c = st.container_mut(&req.id)?;
@@ -475,6 +520,7 @@ impl Task for TaskService {
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("resize_pty");
         let agent = {
             let st = self.inner.lock();
             st.process(&req.id, &req.exec_id)?;
@@ -488,6 +534,7 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("close_io");
         debug!(self.inner.log, "close io"; "container" => &req.id, "exec" => &req.exec_id, "stdin" => req.stdin);
         let mut st = self.inner.lock();
         let p = st.process_mut(&req.id, &req.exec_id)?;
@@ -500,6 +547,7 @@ impl Task for TaskService {
     }
 
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> Result<PidsResponse> {
+        let _timer = crate::metrics::task_timer("pids");
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;
@@ -519,6 +567,7 @@ impl Task for TaskService {
     }
 
     async fn connect(&self, _ctx: &TtrpcContext, _req: ConnectRequest) -> Result<ConnectResponse> {
+        let _timer = crate::metrics::task_timer("connect");
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid: self.inner.lock().task_pid(),
@@ -528,6 +577,7 @@ impl Task for TaskService {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, req: ShutdownRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("shutdown");
         let inner = &self.inner;
         let _life = inner.lifecycle.lock().await;
         let sb = {
@@ -540,6 +590,7 @@ impl Task for TaskService {
             st.sandbox.take()
         };
         if let Some(sb) = sb {
+            inner.stop_metrics();
             sb.destroy().await;
         }
         info!(inner.log, "shim shutting down");
@@ -548,24 +599,28 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("pause");
         self.inner.set_paused(&req.id, true).await?;
         self.inner.events.paused(&req.id).await;
         Ok(Empty::new())
     }
 
     async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("resume");
         self.inner.set_paused(&req.id, false).await?;
         self.inner.events.resumed(&req.id).await;
         Ok(Empty::new())
     }
 
     async fn checkpoint(&self, _ctx: &TtrpcContext, _req: CheckpointTaskRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("checkpoint");
         Err(unimplemented(
             "checkpoint is not supported for VM sandboxes",
         ))
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
+        let _timer = crate::metrics::task_timer("update");
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;
@@ -592,6 +647,7 @@ impl Task for TaskService {
     }
 
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> Result<StatsResponse> {
+        let _timer = crate::metrics::task_timer("stats");
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;

@@ -45,6 +45,7 @@ impl Inner {
                         return;
                     }
                 };
+                crate::metrics::METRICS.oom_event();
                 let now = Instant::now();
                 if !inner.lock().containers.contains_key(&cid) {
                     if let Some(more) = unknown.admit("", now) {
@@ -146,6 +147,7 @@ impl Inner {
                     })
                     .collect()
             };
+            crate::metrics::METRICS.vm_ended(&cause);
             warn!(inner.log, "sandbox VM ended"; "cause" => &cause, "unstarted_processes" => unstarted.len());
             for (cid, exec_id) in unstarted {
                 inner.record_exit(&cid, &exec_id, VM_GONE_EXIT_STATUS).await;
