@@ -1064,11 +1064,12 @@ mod tests {
     #[test]
     fn a_dead_claimers_id_is_reclaimed_unless_a_process_still_runs_as_it() {
         let dir = tempfile::tempdir().unwrap();
-        // A claim file nobody holds: its shim died.
-        std::fs::write(dir.path().join("1879048192"), "crashed").unwrap();
-        let r = range(0x7000_0000, 1);
+        // A claim file nobody holds: its shim died. (An id outside the default range, which
+        // sandboxes running on this host may use.)
+        std::fs::write(dir.path().join("2113929216"), "crashed").unwrap();
+        let r = range(0x7e00_0000, 1);
         let taken = SandboxIds::claim(dir.path(), &r, "new").unwrap();
-        assert_eq!(taken.uid, 0x7000_0000);
+        assert_eq!(taken.uid, 0x7e00_0000);
         taken.release();
         // Root (uid 0) runs this test: a stale claim of uid 0's stays taken.
         let root_range = kata_config::HostProcesses {
@@ -1186,13 +1187,13 @@ mod tests {
     #[test]
     fn a_crashed_shims_claims_are_released_by_sandbox_id() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("1879048192"), "gone").unwrap();
-        std::fs::write(dir.path().join("1879048193"), "other").unwrap();
+        std::fs::write(dir.path().join("2097152000"), "gone").unwrap();
+        std::fs::write(dir.path().join("2097152001"), "other").unwrap();
         // A live claim of the same sandbox (held by this process) stays.
-        let held = SandboxIds::claim(dir.path(), &range(0x7000_0002, 1), "gone").unwrap();
+        let held = SandboxIds::claim(dir.path(), &range(0x7d00_0002, 1), "gone").unwrap();
         release_claims_of(dir.path(), "gone");
-        assert!(!dir.path().join("1879048192").exists());
-        assert!(dir.path().join("1879048193").exists());
+        assert!(!dir.path().join("2097152000").exists());
+        assert!(dir.path().join("2097152001").exists());
         assert!(held.claim.exists());
         held.release();
     }

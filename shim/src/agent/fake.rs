@@ -29,6 +29,8 @@ pub struct FakeAgent {
     /// OOM kills the guest will report, in order (see [`FakeAgent::oom`]).
     ooms: Mutex<std::collections::VecDeque<String>>,
     oom_ready: tokio::sync::Notify,
+    /// CreateContainer requests held until notified, by container id.
+    held_creates: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 impl FakeAgent {
@@ -44,6 +46,15 @@ impl FakeAgent {
         if let Ok(mut c) = self.calls.lock() {
             c.push(format!("{op} {id} {exec_id}").trim_end().to_string());
         }
+    }
+
+    /// Holds CreateContainer of container `id` until the returned gate is notified.
+    pub fn hold_create(&self, id: &str) -> Arc<tokio::sync::Notify> {
+        let gate = Arc::new(tokio::sync::Notify::new());
+        if let Ok(mut held) = self.held_creates.lock() {
+            held.insert(id.to_string(), gate.clone());
+        }
+        gate
     }
 
     pub fn called(&self, op: &str) -> usize {
@@ -152,7 +163,18 @@ impl Agent for FakeAgent {
         _pod_sandbox: bool,
     ) -> Result<()> {
         self.record("CreateContainer", id, "");
-        self.serve("CreateContainer", async { Ok(()) }).await
+        let gate = self
+            .held_creates
+            .lock()
+            .ok()
+            .and_then(|h| h.get(id).cloned());
+        self.serve("CreateContainer", async {
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {

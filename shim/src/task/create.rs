@@ -36,8 +36,8 @@ impl Inner {
             crate::metrics::METRICS.start_phases();
         }
         let parsed = self.parse(req)?;
-        let _life = self.lifecycle.lock().await;
-        {
+        // Registered first: a sandbox with a create in flight is not ended under it.
+        let booting = {
             let mut st = self.lock();
             if st.containers.contains_key(&req.id) || !st.creating.insert(req.id.clone()) {
                 return Err(status(
@@ -45,7 +45,15 @@ impl Inner {
                     format!("container {} already exists", req.id),
                 ));
             }
-        }
+            st.sandbox.is_none()
+        };
+        // Only a sandbox's boot (or a wait for one in progress, or for its end) takes the
+        // lifecycle lock: a container created in a running sandbox neither waits for nor
+        // holds up another container's create or delete.
+        let _life = match booting {
+            true => Some(self.lifecycle.lock().await),
+            false => None,
+        };
         let result = self.create_locked(req, &parsed).await;
         self.lock().creating.remove(&req.id);
         let pid = result?;
@@ -173,15 +181,16 @@ impl Inner {
         Ok((sb, true))
     }
 
-    /// Called with the lifecycle lock held.
+    /// Called with the lifecycle lock held when the sandbox may have to boot.
     async fn create_locked(self: &Arc<Self>, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
         let (sb, booted) = self.sandbox_for(req, &p.sandbox).await?;
         let result = self.create_in(&sb, req, p).await;
         if result.is_err() && booted {
-            // The sandbox was booted for this container alone: take it down with it.
+            // The sandbox was booted for this container alone: take it down with it, unless
+            // another container came into it meanwhile.
             let sb = {
                 let mut st = self.lock();
-                if st.containers.is_empty() {
+                if st.containers.is_empty() && st.creating.iter().all(|c| *c == req.id) {
                     st.sandbox.take()
                 } else {
                     None

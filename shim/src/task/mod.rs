@@ -2,7 +2,8 @@
 //! container and process under the state lock (briefly, never across an await) and
 //! delegating to the sandbox, the agent or the relays.
 //!
-//! Only the sandbox's birth and death take the `lifecycle` lock (held across a VM boot);
+//! Only the sandbox's birth and death take the `lifecycle` lock (held across a VM boot):
+//! a container created in a running sandbox, a delete that leaves the sandbox running,
 //! State, Connect, Kill, Wait and exit reporting never wait for it.
 
 mod create;
@@ -160,6 +161,10 @@ impl Inner {
     /// Ends the sandbox once no container is left in it (or being created); whether it
     /// did.
     async fn end_sandbox_if_empty(&self) -> bool {
+        // A sandbox that goes on needs no lock: a delete does not wait for a create.
+        if !self.lock().is_empty() {
+            return false;
+        }
         let _life = self.lifecycle.lock().await;
         let sb = {
             let mut st = self.lock();

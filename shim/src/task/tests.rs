@@ -355,9 +355,11 @@ async fn state_and_connect_answer_while_the_sandbox_boots() {
         .await
         .expect("State answers during a boot");
     assert_eq!(code(&state.unwrap_err()), Code::NOT_FOUND);
-    let again = tokio::time::timeout(Duration::from_secs(1), f.create(SB)).await;
-    // A second create of the same id waits for the first (lifecycle lock), then fails.
-    assert!(again.is_err(), "the second create waits for the boot");
+    // A second create of the same id fails at once.
+    let again = tokio::time::timeout(Duration::from_secs(1), f.create(SB))
+        .await
+        .expect("a duplicate create answers during the boot");
+    assert_eq!(code(&again.unwrap_err()), Code::ALREADY_EXISTS);
     gate.notify_one();
     creating.await.unwrap().unwrap();
     let dup = f.create(SB).await.unwrap_err();
@@ -390,6 +392,44 @@ async fn bad_bundles_and_ids_fail_before_any_vm_is_started() {
         assert!(format!("{err:?}").contains("not a valid id"), "{err:?}");
     }
     assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 0);
+    assert!(f.share_is_gone());
+}
+
+#[tokio::test]
+async fn a_delete_answers_while_another_containers_create_is_in_flight() {
+    needs_root!();
+    let f = Arc::new(fixture(None));
+    f.create(SB).await.unwrap();
+    f.start(SB, "").await.unwrap();
+    let a = f.bundle("a", Some(&pod_member_spec()));
+    f.svc.create(&ctx(), f.create_req("a", &a)).await.unwrap();
+    // The guest holds b's create (as a slow CreateContainer would, up to its deadline).
+    let gate = f.agent.hold_create("b");
+    let creating_b = {
+        let f = f.clone();
+        tokio::spawn(async move {
+            let b = f.bundle("b", Some(&pod_member_spec()));
+            f.svc
+                .create(&ctx(), f.create_req("b", &b))
+                .await
+                .map(|_| ())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!creating_b.is_finished(), "b's create is held in the guest");
+    // a never started: its delete needs nothing of b's create.
+    let deleted = tokio::time::timeout(Duration::from_secs(2), f.delete("a"))
+        .await
+        .expect("Delete of a answers while b's create is in flight");
+    deleted.unwrap();
+    assert_eq!(f.agent.called("DestroySandbox"), 0, "the sandbox goes on");
+    gate.notify_one();
+    creating_b.await.unwrap().unwrap();
+    f.agent.exit("b", "", 0);
+    f.delete("b").await.unwrap();
+    f.agent.exit(SB, "", 0);
+    assert_eq!(f.wait(SB, "").await.exit_status, 0);
+    f.delete(SB).await.unwrap();
     assert!(f.share_is_gone());
 }
 
