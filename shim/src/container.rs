@@ -156,6 +156,75 @@ pub async fn setup_host_mounts(
     }
 }
 
+/// A container's host mounts, behind a seam: [`RealHostMounts`] in production; the task
+/// service's unit tests give their sandboxes one that mounts nothing, so they run without
+/// root.
+#[async_trait::async_trait]
+pub trait HostMounts: Send + Sync {
+    /// As [`setup_host_mounts`].
+    async fn setup(
+        &self,
+        bundle: &Path,
+        rootfs: &[Mount],
+        share_dir: &Path,
+        binds: &[HostBind],
+        serving: &[std::fs::File],
+    ) -> Result<Vec<PathBuf>, HostSetupError>;
+
+    /// As [`teardown_host_mounts`].
+    fn teardown(&self, mounts: &[PathBuf], share_dir: &Path);
+}
+
+/// The host's mount table: [`setup_host_mounts`] and [`teardown_host_mounts`].
+pub struct RealHostMounts;
+
+#[async_trait::async_trait]
+impl HostMounts for RealHostMounts {
+    async fn setup(
+        &self,
+        bundle: &Path,
+        rootfs: &[Mount],
+        share_dir: &Path,
+        binds: &[HostBind],
+        serving: &[std::fs::File],
+    ) -> Result<Vec<PathBuf>, HostSetupError> {
+        setup_host_mounts(bundle, rootfs, share_dir, binds, serving).await
+    }
+
+    fn teardown(&self, mounts: &[PathBuf], share_dir: &Path) {
+        teardown_host_mounts(mounts, share_dir)
+    }
+}
+
+/// For the task service's unit tests: a container's place on the share is a directory
+/// holding an empty `rootfs` directory, and nothing is mounted.
+#[cfg(test)]
+pub struct DirsOnly;
+
+#[cfg(test)]
+#[async_trait::async_trait]
+impl HostMounts for DirsOnly {
+    async fn setup(
+        &self,
+        _bundle: &Path,
+        _rootfs: &[Mount],
+        share_dir: &Path,
+        _binds: &[HostBind],
+        _serving: &[std::fs::File],
+    ) -> Result<Vec<PathBuf>, HostSetupError> {
+        let rootfs = share_dir.join("rootfs");
+        std::fs::create_dir_all(&rootfs).map_err(|e| HostSetupError::Rootfs {
+            target: rootfs.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(vec![rootfs])
+    }
+
+    fn teardown(&self, _mounts: &[PathBuf], share_dir: &Path) {
+        let _ = std::fs::remove_dir_all(share_dir);
+    }
+}
+
 /// Undoes `setup_host_mounts`.
 pub fn teardown_host_mounts(mounts: &[PathBuf], share_dir: &Path) {
     mount::unmount_all(mounts);

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::agent::{Agent, AgentError, KataAgent};
 use crate::cgroup;
+use crate::container::{HostMounts, HostSetupError, RealHostMounts};
 use crate::factory::pool;
 use crate::mount::{self, SharedDirs};
 use crate::network::port_forward::PortForward;
@@ -85,8 +86,31 @@ pub struct Sandbox {
     port_forward: Mutex<Option<PortForward>>,
     /// The pod's host cgroup the VMM and helpers run in (none without `cgroupsPath`).
     host_cgroup: cgroup::HostCgroup,
+    /// Where containers' rootfs and binds are mounted on the share (the host's mount
+    /// table; nothing in the task service's unit tests).
+    host_mounts: Box<dyn HostMounts>,
     log: Logger,
     debug: bool,
+}
+
+/// The host side of a container [`Sandbox::create_container`] made: its mounts on the
+/// share, and its directory there.
+pub struct HostContainer {
+    pub mounts: Vec<PathBuf>,
+    pub share_dir: PathBuf,
+}
+
+/// Why a container could not be created in the sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    /// Its rootfs or a bind could not be mounted on the share: the request's to fix.
+    #[error(transparent)]
+    Host(#[from] HostSetupError),
+    #[error("encoding the container's OCI spec for the guest: {0}")]
+    Spec(serde_json::Error),
+    /// The agent refused or failed the create.
+    #[error(transparent)]
+    Guest(AgentError),
 }
 
 /// What `create` has done so far, for undoing it.
@@ -244,6 +268,7 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: progress.host_cgroup,
+            host_mounts: Box::new(RealHostMounts),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
@@ -450,6 +475,7 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: progress.host_cgroup,
+            host_mounts: Box::new(RealHostMounts),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
@@ -579,7 +605,9 @@ impl Sandbox {
         Ok((agent, watched))
     }
 
-    /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests.
+    /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests:
+    /// containers' mounts are only directories ([`crate::container::DirsOnly`]), so the
+    /// tests run without root.
     #[cfg(test)]
     pub fn for_test(id: &str, agent: Arc<dyn Agent>, shared: SharedDirs) -> Arc<Sandbox> {
         Arc::new(Sandbox {
@@ -599,6 +627,7 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: cgroup::HostCgroup::default(),
+            host_mounts: Box::new(crate::container::DirsOnly),
             log: hypervisor::discard_logger(),
             debug: false,
         })
@@ -714,10 +743,57 @@ impl Sandbox {
     }
 
     /// Forgets host mounts that were undone.
-    pub fn remove_mounts(&self, mounts: &[PathBuf]) {
+    fn remove_mounts(&self, mounts: &[PathBuf]) {
         let mut state = self.lock_state();
         state.mounts.retain(|m| !mounts.contains(m));
         self.save_locked(&state);
+    }
+
+    /// Creates container `id` in the sandbox, all or nothing: its rootfs (containerd's
+    /// `rootfs` mounts, else the bundle's) and `binds` on the share, recorded for a
+    /// crashed shim's `delete`; `spec` pointed at the guest's view of them; then the
+    /// agent's CreateContainer.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_container(
+        &self,
+        id: &str,
+        bundle: &Path,
+        rootfs: &[containerd_shim_protos::api::Mount],
+        binds: &[crate::spec::HostBind],
+        mut spec: serde_json::Value,
+        stdin: bool,
+        pod_sandbox: bool,
+    ) -> Result<HostContainer, ContainerError> {
+        let share_dir = self.shared.mounts.join(id);
+        let serving = mount::serving_namespaces(&self.helper_pids());
+        let mounts = self
+            .host_mounts
+            .setup(bundle, rootfs, &share_dir, binds, &serving)
+            .await?;
+        self.add_mounts(&mounts);
+        let made = HostContainer { mounts, share_dir };
+        crate::spec::set_guest_rootfs(&mut spec, self.guest_rootfs_root, id);
+        let created = match serde_json::to_vec(&spec) {
+            Ok(bytes) => self
+                .agent
+                .create_container(id, bytes, stdin, pod_sandbox)
+                .await
+                .map_err(ContainerError::Guest),
+            Err(e) => Err(ContainerError::Spec(e)),
+        };
+        match created {
+            Ok(()) => Ok(made),
+            Err(e) => {
+                self.remove_container_host(&made.mounts, &made.share_dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// Undoes the host side of a container (its mounts on the share).
+    pub fn remove_container_host(&self, mounts: &[PathBuf], share_dir: &Path) {
+        self.host_mounts.teardown(mounts, share_dir);
+        self.remove_mounts(mounts);
     }
 
     /// Ends the VM and removes every trace of the sandbox from the host. Idempotent.

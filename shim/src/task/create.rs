@@ -3,7 +3,7 @@
 //! undoes the container's host mounts, and the sandbox when it was booted for it.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,10 +13,10 @@ use ttrpc::Code;
 
 use super::state::{agent_err, status, Result};
 use super::Inner;
-use crate::container::{self, Container, Process};
+use crate::container::{Container, Process};
 use crate::io::{Relays, StdioPaths};
 use crate::launch::LaunchError;
-use crate::sandbox::Sandbox;
+use crate::sandbox::{ContainerError, Sandbox};
 use crate::spec;
 
 /// The parts of a CreateTask request the create needs, read from the bundle.
@@ -204,53 +204,35 @@ impl Inner {
     }
 
     async fn create_in(&self, sb: &Sandbox, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
-        let share_dir = sb.shared.mounts.join(&req.id);
-        let serving = crate::mount::serving_namespaces(&sb.helper_pids());
-        let mounts =
-            container::setup_host_mounts(&p.bundle, &req.rootfs, &share_dir, &p.binds, &serving)
-                .await
-                .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
-        sb.add_mounts(&mounts);
-        let agent = sb.agent();
-        let mut spec = p.spec.clone();
-        spec::set_guest_rootfs(&mut spec, sb.guest_rootfs_root, &req.id);
-        let spec_bytes = match serde_json::to_vec(&spec) {
-            Ok(b) => b,
-            Err(e) => {
-                undo_mounts(sb, &mounts, &share_dir);
-                return Err(super::state::failed(e));
-            }
-        };
-        if let Err(e) = agent
+        let host = sb
             .create_container(
                 &req.id,
-                spec_bytes,
+                &p.bundle,
+                &req.rootfs,
+                &p.binds,
+                p.spec.clone(),
                 !p.stdio.stdin.is_empty(),
                 req.id == self.sandbox_id,
             )
             .await
-        {
-            undo_mounts(sb, &mounts, &share_dir);
-            return Err(agent_err(e));
-        }
+            .map_err(|e| match e {
+                ContainerError::Host(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
+                ContainerError::Spec(e) => super::state::failed(e),
+                ContainerError::Guest(e) => agent_err(e),
+            })?;
         let mut init = Process::new(p.stdio.clone(), None);
-        init.relays = Some(Relays::start(&agent, &req.id, "", &p.stdio, &self.log));
+        init.relays = Some(Relays::start(&sb.agent(), &req.id, "", &p.stdio, &self.log));
         let mut st = self.lock();
         st.containers.insert(
             req.id.clone(),
             Container {
                 bundle: p.bundle.clone(),
-                mounts,
-                share_dir,
+                mounts: host.mounts,
+                share_dir: host.share_dir,
                 init,
                 execs: HashMap::new(),
             },
         );
         Ok(sb.task_pid())
     }
-}
-
-fn undo_mounts(sb: &Sandbox, mounts: &[PathBuf], share_dir: &Path) {
-    container::teardown_host_mounts(mounts, share_dir);
-    sb.remove_mounts(mounts);
 }

@@ -212,8 +212,7 @@ impl Inner {
         if !last {
             self.remove_in_guest(&sb, cid).await;
         }
-        crate::container::teardown_host_mounts(&c.mounts, &c.share_dir);
-        sb.remove_mounts(&c.mounts);
+        sb.remove_container_host(&c.mounts, &c.share_dir);
         drop(c);
         if !self.end_sandbox_if_empty().await && last {
             // A create came in meanwhile and keeps the sandbox: remove it after all.

@@ -1,4 +1,5 @@
-//! The Task state machine against a fake agent: no VM, real bind mounts (as root).
+//! The Task state machine against a fake agent: no VM, and containers' mounts only
+//! directories (`container::DirsOnly`), so every test runs without root.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,10 +84,6 @@ impl Launcher for Shared {
 }
 
 const SB: &str = "sb1";
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
 
 fn fixture(gate: Option<Arc<Notify>>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
@@ -205,18 +202,8 @@ fn code(e: &ttrpc::Error) -> Code {
     }
 }
 
-macro_rules! needs_root {
-    () => {
-        if !is_root() {
-            eprintln!("SKIPPED: this test bind-mounts a rootfs and needs root");
-            return;
-        }
-    };
-}
-
 #[tokio::test]
 async fn a_process_exit_in_the_guest_is_reported_then_delete_ends_the_sandbox() {
-    needs_root!();
     let f = fixture(None);
     let pid = f.create(SB).await.unwrap();
     assert_eq!(pid, 4242, "tasks carry the sandbox's VMM pid");
@@ -253,7 +240,6 @@ async fn a_process_exit_in_the_guest_is_reported_then_delete_ends_the_sandbox() 
 
 #[tokio::test]
 async fn only_a_container_the_sandbox_outlives_is_removed_in_the_guest() {
-    needs_root!();
     let f = fixture(None);
     f.create(SB).await.unwrap();
     f.start(SB, "").await.unwrap();
@@ -282,7 +268,6 @@ async fn only_a_container_the_sandbox_outlives_is_removed_in_the_guest() {
 
 #[tokio::test]
 async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
-    needs_root!();
     let f = fixture(None);
     f.create(SB).await.unwrap();
     f.start(SB, "").await.unwrap();
@@ -335,7 +320,6 @@ async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
 
 #[tokio::test]
 async fn state_and_connect_answer_while_the_sandbox_boots() {
-    needs_root!();
     let gate = Arc::new(Notify::new());
     let f = Arc::new(fixture(Some(gate.clone())));
     let creating = {
@@ -397,7 +381,6 @@ async fn bad_bundles_and_ids_fail_before_any_vm_is_started() {
 
 #[tokio::test]
 async fn a_delete_answers_while_another_containers_create_is_in_flight() {
-    needs_root!();
     let f = Arc::new(fixture(None));
     f.create(SB).await.unwrap();
     f.start(SB, "").await.unwrap();
@@ -449,7 +432,6 @@ async fn a_pod_container_needs_its_sandbox_container_first() {
 
 #[tokio::test]
 async fn killing_a_task_never_started_ends_it_as_runc_does() {
-    needs_root!();
     let f = fixture(None);
     f.create(SB).await.unwrap();
     let kill = KillRequest {
@@ -473,7 +455,6 @@ async fn killing_a_task_never_started_ends_it_as_runc_does() {
 /// `ratelimit`'s unit test).
 #[tokio::test]
 async fn oom_events_are_published_only_for_the_sandboxs_own_containers() {
-    needs_root!();
     let f = fixture(None);
     f.create(SB).await.unwrap();
     f.start(SB, "").await.unwrap();
