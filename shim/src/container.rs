@@ -25,15 +25,27 @@ pub struct Exit {
     pub at: SystemTime,
 }
 
+/// A process of a container (its init, or an exec) as containerd sees it: created,
+/// running (or paused), stopped with an exit. Its transitions are the methods below; the
+/// Task RPCs ask for them.
 pub struct Process {
     pub stdio: StdioPaths,
     /// The OCI process (JSON) of an exec; None for the init process.
     pub spec: Option<Vec<u8>>,
-    pub status: Status,
+    status: Status,
     /// A Start is under way (the agent has been asked, no answer yet).
-    pub starting: bool,
-    pub exit_tx: watch::Sender<Option<Exit>>,
+    starting: bool,
+    exit_tx: watch::Sender<Option<Exit>>,
     pub relays: Option<Relays>,
+}
+
+/// A transition the process's state does not allow.
+#[derive(Debug, thiserror::Error)]
+pub enum Transition {
+    #[error("was already started")]
+    AlreadyStarted,
+    #[error("is {0:?}")]
+    Not(Status),
 }
 
 impl Process {
@@ -51,6 +63,69 @@ impl Process {
 
     pub fn exit(&self) -> Option<Exit> {
         *self.exit_tx.borrow()
+    }
+
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// Created, and no Start under way: nothing runs in the guest for it yet.
+    pub fn never_started(&self) -> bool {
+        self.status == Status::Created && !self.starting
+    }
+
+    /// Its exit, as it comes.
+    pub fn exits(&self) -> watch::Receiver<Option<Exit>> {
+        self.exit_tx.subscribe()
+    }
+
+    /// A Start begins: only once, from Created.
+    pub fn begin_start(&mut self) -> Result<(), Transition> {
+        if !self.never_started() {
+            return Err(Transition::AlreadyStarted);
+        }
+        self.starting = true;
+        Ok(())
+    }
+
+    /// The guest started it.
+    pub fn started(&mut self) {
+        self.starting = false;
+        if self.status == Status::Created {
+            self.status = Status::Running;
+        }
+    }
+
+    /// The guest could not start it: as with runc, it is stopped (status 255), so that
+    /// containerd can delete it (it refuses to delete a merely created task).
+    pub fn start_failed(&mut self) {
+        self.starting = false;
+        self.relays = None;
+        self.stopped(255);
+    }
+
+    /// It ended with `status`: the exit recorded, or None if it had ended already (an
+    /// exit is reported once).
+    pub fn stopped(&mut self, status: u32) -> Option<Exit> {
+        if self.status == Status::Stopped {
+            return None;
+        }
+        self.status = Status::Stopped;
+        let exit = Exit {
+            status,
+            at: SystemTime::now(),
+        };
+        self.exit_tx.send_replace(Some(exit));
+        Some(exit)
+    }
+
+    /// Paused or resumed: `from` becomes `to`, if it still is `from`.
+    pub fn pause_transition(&mut self, from: Status, to: Status) -> Result<(), Transition> {
+        if self.status != from {
+            return Err(Transition::Not(self.status));
+        }
+        self.status = to;
+        Ok(())
     }
 }
 
@@ -232,4 +307,45 @@ pub fn teardown_host_mounts(mounts: &[PathBuf], share_dir: &Path) {
         mount::unmount(&m);
     }
     let _ = mount::remove_dir_if_unmounted(share_dir);
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+
+    fn process() -> Process {
+        Process::new(StdioPaths::default(), None)
+    }
+
+    #[test]
+    fn a_process_starts_once_and_stops_once() {
+        let mut p = process();
+        assert!(p.never_started());
+        p.begin_start().unwrap();
+        assert!(!p.never_started(), "a Start is under way");
+        assert!(matches!(p.begin_start(), Err(Transition::AlreadyStarted)));
+        p.started();
+        assert_eq!(p.status(), Status::Running);
+        p.pause_transition(Status::Running, Status::Paused).unwrap();
+        assert!(p.pause_transition(Status::Running, Status::Paused).is_err());
+        let exits = p.exits();
+        let exit = p.stopped(0).expect("the first exit is recorded");
+        assert_eq!(exit.status, 0);
+        assert!(p.stopped(9).is_none(), "an exit is reported once");
+        assert_eq!(exits.borrow().map(|e| e.status), Some(0));
+        assert!(matches!(
+            p.pause_transition(Status::Paused, Status::Running),
+            Err(Transition::Not(Status::Stopped))
+        ));
+    }
+
+    #[test]
+    fn a_failed_start_stops_the_process_with_255() {
+        let mut p = process();
+        p.begin_start().unwrap();
+        p.start_failed();
+        assert_eq!(p.status(), Status::Stopped);
+        assert_eq!(p.exit().map(|e| e.status), Some(255));
+        assert!(matches!(p.begin_start(), Err(Transition::AlreadyStarted)));
+    }
 }

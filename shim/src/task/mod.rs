@@ -134,11 +134,11 @@ impl Inner {
         };
         let agent = {
             let st = self.lock();
-            let init = &st.container(cid)?.init;
-            if init.status != from {
+            let now = st.container(cid)?.init.status();
+            if now != from {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
-                    format!("container {cid} is {:?}, not {from:?}", init.status).to_lowercase(),
+                    format!("container {cid} is {now:?}, not {from:?}").to_lowercase(),
                 ));
             }
             st.agent(cid)?
@@ -150,9 +150,8 @@ impl Inner {
         };
         res.map_err(agent_err)?;
         if let Ok(init) = self.lock().process_mut(cid, "") {
-            if init.status == from {
-                init.status = to;
-            }
+            // An exit meanwhile stays the last word.
+            let _ = init.pause_transition(from, to);
         }
         info!(self.log, "{}", if pause { "paused" } else { "resumed" }; "container" => cid);
         Ok(())
@@ -186,7 +185,7 @@ impl Inner {
         let (c, sb) = {
             let mut st = self.lock();
             let c = st.container(cid)?;
-            if matches!(c.init.status, Status::Running | Status::Paused) {
+            if matches!(c.init.status(), Status::Running | Status::Paused) {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
                     format!("container {cid} is still running; kill it first"),
@@ -268,16 +267,12 @@ impl Task for TaskService {
             let mut st = inner.lock();
             let (agent, pid) = (st.agent(&req.id)?, st.task_pid());
             let p = st.process_mut(&req.id, &req.exec_id)?;
-            if p.status != Status::Created || p.starting {
-                return Err(status(
+            p.begin_start().map_err(|e| {
+                status(
                     Code::FAILED_PRECONDITION,
-                    format!(
-                        "process {:?} of {} was already started",
-                        req.exec_id, req.id
-                    ),
-                ));
-            }
-            p.starting = true;
+                    format!("process {:?} of {} {e}", req.exec_id, req.id),
+                )
+            })?;
             (agent, pid, p.spec.clone(), p.stdio.clone())
         };
         let started = if req.exec_id.is_empty() {
@@ -291,21 +286,11 @@ impl Task for TaskService {
         {
             let mut st = inner.lock();
             let p = st.process_mut(&req.id, &req.exec_id)?;
-            p.starting = false;
             if let Err(e) = started {
-                // As with runc, a process that failed to start is stopped, so that
-                // containerd can delete it (it refuses to delete a merely created task).
-                p.status = Status::Stopped;
-                p.relays = None;
-                p.exit_tx.send_replace(Some(Exit {
-                    status: 255,
-                    at: SystemTime::now(),
-                }));
+                p.start_failed();
                 return Err(agent_err(e));
             }
-            if p.status == Status::Created {
-                p.status = Status::Running;
-            }
+            p.started();
             if !req.exec_id.is_empty() {
                 p.relays = Some(Relays::start(
                     &agent,
@@ -346,7 +331,7 @@ impl Task for TaskService {
             },
             bundle: c.bundle.display().to_string(),
             pid: st.task_pid(),
-            status: proc_status(p.status).into(),
+            status: proc_status(p.status()).into(),
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
             stderr: p.stdio.stderr.clone(),
@@ -360,12 +345,7 @@ impl Task for TaskService {
 
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> Result<WaitResponse> {
         let _timer = crate::metrics::task_timer("wait");
-        let mut rx = self
-            .inner
-            .lock()
-            .process(&req.id, &req.exec_id)?
-            .exit_tx
-            .subscribe();
+        let mut rx = self.inner.lock().process(&req.id, &req.exec_id)?.exits();
         let exit = loop {
             if let Some(e) = *rx.borrow_and_update() {
                 break e;
@@ -392,7 +372,7 @@ impl Task for TaskService {
         let agent = {
             let st = self.inner.lock();
             let p = st.process(&req.id, &req.exec_id)?;
-            match p.status {
+            match p.status() {
                 Status::Stopped => return Ok(Empty::new()),
                 Status::Created if !req.exec_id.is_empty() => {
                     return Err(status(
@@ -400,7 +380,7 @@ impl Task for TaskService {
                         format!("process {} was never started", req.exec_id),
                     ));
                 }
-                Status::Created if !p.starting => None,
+                Status::Created if p.never_started() => None,
                 _ => Some(st.agent(&req.id)?),
             }
         };
@@ -431,7 +411,7 @@ impl Task for TaskService {
             let mut st = inner.lock();
             let pid = st.task_pid();
             if matches!(
-                st.process(&req.id, &req.exec_id)?.status,
+                st.process(&req.id, &req.exec_id)?.status(),
                 Status::Running | Status::Paused
             ) {
                 return Err(status(
@@ -475,7 +455,7 @@ impl Task for TaskService {
         {
             let mut st = self.inner.lock();
             let c = st.container_mut(&req.id)?;
-            match c.init.status {
+            match c.init.status() {
                 Status::Running => {}
                 Status::Paused => {
                     return Err(status(

@@ -2,13 +2,12 @@
 //! process's exit, OOM kills, and the end of the VM itself.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use slog::{debug, info, warn};
 
 use super::Inner;
 use crate::agent::Agent;
-use crate::container::{Exit, Status};
 use crate::ratelimit::{clip, PerKey};
 use crate::sandbox::Sandbox;
 
@@ -106,19 +105,18 @@ impl Inner {
 
     /// Marks a process stopped with `code` (unless it already is) and publishes TaskExit.
     pub(super) async fn record_exit(&self, cid: &str, exec_id: &str, code: u32) {
-        let at = SystemTime::now();
-        let pid = {
+        let (pid, at) = {
             let mut st = self.lock();
             let pid = st.task_pid();
-            match st.process_mut(cid, exec_id) {
-                Ok(p) if p.status != Status::Stopped => {
-                    p.status = Status::Stopped;
-                    p.exit_tx.send_replace(Some(Exit { status: code, at }));
-                }
+            match st
+                .process_mut(cid, exec_id)
+                .ok()
+                .and_then(|p| p.stopped(code))
+            {
+                Some(exit) => (pid, exit.at),
                 // Deleted meanwhile, or already reported.
-                _ => return,
+                None => return,
             }
-            pid
         };
         info!(self.log, "process exited"; "container" => cid, "exec" => exec_id, "status" => code);
         self.events.exit(cid, exec_id, pid, code, at).await;
@@ -142,7 +140,7 @@ impl Inner {
                     .flat_map(|(cid, c)| {
                         std::iter::once((String::new(), &c.init))
                             .chain(c.execs.iter().map(|(id, p)| (id.clone(), p)))
-                            .filter(|(_, p)| p.status == Status::Created && !p.starting)
+                            .filter(|(_, p)| p.never_started())
                             .map(move |(exec_id, _)| (cid.clone(), exec_id))
                     })
                     .collect()
