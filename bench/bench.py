@@ -18,12 +18,16 @@ Figures (median and min-max over BENCH_RUNS runs, kata and runc alternating A/B)
      accesses per phase (QEMU's trace events), host CPU outside the guest's vCPU thread
      next to runc's, and icount's own cost; 8. the KVM estimate computed from them; 9. the
      goals of issue 30 in those units.
+  10. the VM pool: `ctr run --rm ... echo hi` from a pool of BENCH_POOL ready VMs (a factory
+     the bench starts and ends), next to a cold start and the floor of the same run; 11.
+     BENCH_DENSITY sandboxes at once from a full pool and cold, and what a ready VM costs.
 
 Env: BENCH_RUNS (5), BENCH_DENSITY (10), BENCH_DENSITY_RUNS (BENCH_RUNS),
 BENCH_STDOUT_BYTES (268435456), BENCH_CMD_TIMEOUT (s, 120: any single ctr command),
 BENCH_STDOUT_TIMEOUT (s, 600: one 256 MiB transfer), BENCH_DENSITY_TIMEOUT (s, 300),
 BENCH_DEADLINE (s, 5400: the whole bench), BENCH_OUT (target/bench), BENCH_SKIP (comma list
-of: startup,stdout,idle,kvm,density,hold), KATA_KERNEL, KATA_INITRD, IMAGE_TAR, KATA_SHIM_DIR.
+of: startup,stdout,idle,kvm,density,pool,hold), BENCH_POOL (2: ready VMs for the pool's echo
+runs), BENCH_POOL_FILL_TIMEOUT (s, 300), KATA_KERNEL, KATA_INITRD, IMAGE_TAR, KATA_SHIM_DIR.
 Only the Python standard library is used. The measurements live in the kata_bench package
 next to this file, one module per figure group (kata_bench/__init__.py maps them).
 """

@@ -17,18 +17,20 @@ from .settings import DENSITY, DENSITY_RUNS, DENSITY_TIMEOUT, ab_order, log
 from .startup import FLOOR_MS, floor_cmd
 
 
-def density_once(h, side, count=DENSITY, remove=True, detail=True):
+def density_once(h, side, count=DENSITY, remove=True, detail=True, config=None):
     """`count` sandboxes of `side` started at once; removed again unless `remove` is
     false (their ids are then in the result's "ids", for the caller to remove). With
     `detail`, host memory is first left to settle (see `settled_mem_available_kib`) and
     kata's sandboxes' PSS is read once they run; `hold` turns it off, as its waves would
-    only wait for it."""
+    only wait for it. `config`: a configuration file for `ctr run --runtime-config-path`
+    (`pool` passes its factory's)."""
     ids = [h.new_id(side[0] + "d") for _ in range(count)]
     before = settled_mem_available_kib() if detail else mem_available_kib()
     cpu0 = busy_cpu_s()
     poll_cpu = 0.0
     m0 = time.monotonic()
-    procs = {cid: spawn(h.run_args(side, cid, ["sleep", "600"], detach=True, rm=False),
+    procs = {cid: spawn(h.run_args(side, cid, ["sleep", "600"], detach=True, rm=False,
+                                   config=config),
                         env=h.env) for cid in ids}
     failed = set()
     running = set()
@@ -58,7 +60,10 @@ def density_once(h, side, count=DENSITY, remove=True, detail=True):
     lost = count - len(running)
     used = (before - after) / 1024
     if not remove:
-        return {"ids": ids, "lost": lost, "all_running_ms": t_all, "mem_mib": used}
+        return {"ids": ids, "lost": lost, "all_running_ms": t_all, "mem_mib": used,
+                "mem_per_mib": used / len(running) if running else None,
+                "pss_per_mib": pss, "pss_per_less_tcg_mib": pss_less_tcg,
+                "mem_after_kib": after}
     h.remove(ids)
     left = [d for d in our_sandboxes() if any(d.endswith("/" + c) for c in ids)]
     deadline = time.monotonic() + 30

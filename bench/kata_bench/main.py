@@ -12,6 +12,7 @@ from .harness import Harness
 from .hold import bench_hold
 from .idle import bench_idle
 from .instrumented import bench_instrumented
+from .pool import bench_pool
 from .procs import Interrupted, on_alarm, on_signal
 from .report import print_table
 from .settings import (DEADLINE, DENSITY, DENSITY_RUNS, IMAGE, OUT_DIR, RUNS, SKIP,
@@ -27,6 +28,8 @@ MEASUREMENTS = [
     # After the memory rows, which its goals section reads.
     ("kvm", bench_instrumented),
     ("density", bench_density),
+    # Its own factory and pool; cold rows of its own in the same run.
+    ("pool", bench_pool),
     ("hold", bench_hold),
 ]
 

@@ -28,6 +28,10 @@ RUNS = max(1, env_int("BENCH_RUNS", 5))
 DENSITY = max(1, env_int("BENCH_DENSITY", 10))
 DENSITY_RUNS = max(1, env_int("BENCH_DENSITY_RUNS", RUNS))
 HOLD = max(1, env_int("BENCH_HOLD", 50))
+# The VM pool rows (`pool`): ready VMs for the echo runs; the density rows use a pool of
+# BENCH_DENSITY. BENCH_POOL_FILL_TIMEOUT bounds each wait for a full pool.
+POOL = max(1, env_int("BENCH_POOL", 2))
+POOL_FILL_TIMEOUT = env_int("BENCH_POOL_FILL_TIMEOUT", 300)
 # Whole MiB: the container writes with `dd bs=1M` (busybox `head -c` costs more guest CPU
 # per byte than the channel does under TCG, so it would measure itself, not the channel).
 STDOUT_BYTES = max(1, env_int("BENCH_STDOUT_BYTES", 256 << 20) >> 20) << 20
