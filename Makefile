@@ -15,6 +15,10 @@ INITRD := $(GUEST_CACHE)/kata-initrd.img
 # The same with a shell (busybox) for the debug console: a shell in every guest would cost
 # every boot its unpacking (~100 ms under TCG here), so production guests have none.
 INITRD_DEBUG := $(GUEST_CACHE)/kata-initrd-debug.img
+# The bench's: an agent built with its bench sink (cargo feature bench-sink), which
+# production and test guests lack; its own target dir, so neither build undoes the other.
+INITRD_BENCH := $(GUEST_CACHE)/kata-initrd-bench.img
+AGENT_BENCH_BIN := target/agent-bench/$(TARGET)/agent/kata-agent
 IMAGE_TAR := $(GUEST_CACHE)/busybox-image.tar
 # The pod sandbox image of the CRI tests: our own static pause (scripts/pause.c).
 PAUSE_IMAGE_TAR := $(GUEST_CACHE)/pause-image.tar
@@ -24,7 +28,7 @@ DEFAULTS_DIR := /usr/share/defaults/kata-containers
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent shim vsock vmm runtime monitor install-vsock guest kernel initrd image install uninstall demo test unit e2e lint
+.PHONY: all setup build agent agent-bench shim vsock vmm runtime monitor install-vsock guest kernel initrd initrd-bench image install uninstall demo test unit e2e lint
 
 all: build
 
@@ -68,12 +72,18 @@ initrd: agent
 	bash guest/build-initrd.sh $(AGENT_BIN) $(INITRD)
 	bash guest/build-initrd.sh $(AGENT_BIN) $(INITRD_DEBUG) $(BUSYBOX)
 
+agent-bench:
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --profile agent -p kata-agent --target $(TARGET) --features bench-sink --target-dir target/agent-bench
+
+initrd-bench: agent-bench
+	bash guest/build-initrd.sh $(AGENT_BENCH_BIN) $(INITRD_BENCH)
+
 image:
 	@mkdir -p $(GUEST_CACHE)
 	bash scripts/busybox-image.sh $(IMAGE_TAR)
 	bash scripts/pause-image.sh $(PAUSE_IMAGE_TAR)
 
-guest: kernel initrd
+guest: kernel initrd initrd-bench
 
 # Installs the runtime where containerd and the default configuration expect it.
 install: build guest install-vsock
@@ -138,6 +148,7 @@ critest: setup build guest image containerd-versions
 test: setup build guest image containerd-versions
 	status=0; \
 	$(CARGO) test --workspace --lib --bins --no-fail-fast || status=$$?; \
+	$(CARGO) test -p kata-agent --bins --features bench-sink --no-fail-fast || status=$$?; \
 	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2 || status=$$?; \
 	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh || status=$$?; \
 	$(CRITEST) || status=$$?; \
@@ -148,6 +159,7 @@ E2E_ENV = KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
 	KATA_TEST_KERNEL="$$(bash guest/build-kernel.sh)" \
 	KATA_TEST_INITRD=$(INITRD) \
 	KATA_TEST_DEBUG_INITRD=$(INITRD_DEBUG) \
+	KATA_TEST_BENCH_INITRD=$(INITRD_BENCH) \
 	KATA_TEST_SHIM_DIR=$(CURDIR)/target/release \
 	KATA_TEST_IMAGE=$(IMAGE_TAR) \
 	KATA_TEST_PAUSE_IMAGE=$(PAUSE_IMAGE_TAR) \
@@ -157,6 +169,7 @@ E2E_ENV = KATA_TEST_CONTAINERD_DIR=$(CONTAINERD_CACHE) \
 # minute once built).
 unit:
 	$(CARGO) test --workspace --lib --bins --no-fail-fast
+	$(CARGO) test -p kata-agent --bins --features bench-sink --no-fail-fast
 
 # The end-to-end tests alone (every crate's tests/ files: real QEMU, containerd, the CRI).
 e2e: setup build guest image containerd-versions
@@ -184,8 +197,8 @@ lint:
 # Env: BENCH_RUNS (5), BENCH_DENSITY (10), more in bench/README.md. Not part of `make test`;
 # run it on an otherwise idle machine.
 .PHONY: bench bench-vmm
-bench: shim vsock initrd kernel image
-	KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD) IMAGE_TAR=$(IMAGE_TAR) \
+bench: shim vsock initrd-bench kernel image
+	KATA_KERNEL="$$(bash guest/build-kernel.sh)" KATA_INITRD=$(INITRD_BENCH) IMAGE_TAR=$(IMAGE_TAR) \
 	KATA_SHIM_DIR=$(CURDIR)/target/release python3 bench/bench.py
 	RUNS=$${BENCH_RUNS:-5} bash vmm/bench.sh
 

@@ -7,6 +7,7 @@
 //! - `kata-agent --listen unix:///path.sock`: serve on the host for tests, as a child
 //!   subreaper, without mounting anything global; stdio streams at `/path.sock.stdio`.
 
+#[cfg(feature = "bench-sink")]
 mod bench_sink;
 
 use std::path::Path;
@@ -62,9 +63,7 @@ fn main() {
             "rootfs_share" => rootfs_share);
         match cmdline {
             Ok(cmdline) => {
-                if bench_sink::requested(&cmdline) {
-                    bench_sink::start(log.clone());
-                }
+                bench_sink_if_requested(&log, &cmdline);
                 debug_console::start_or_remove_shell(&log, &cmdline);
             }
             Err(e) => {
@@ -206,4 +205,28 @@ fn listen(log: &Logger, addr: &str) -> Result<Listener, ServeError> {
     };
     let _ = std::fs::remove_file(path);
     Listener::bind(addr).map_err(io_step(format!("listen on {addr}")))
+}
+
+/// Starts the bench sink when the kernel command line asks for it ([`protocols::BENCH_SINK_PARAM`]),
+/// in an agent built with it (`--features bench-sink`, `make initrd-bench`).
+#[cfg(feature = "bench-sink")]
+fn bench_sink_if_requested(log: &slog::Logger, cmdline: &str) {
+    if bench_sink::requested(cmdline) {
+        bench_sink::start(log.clone());
+    }
+}
+
+/// A production agent has no bench sink: asking for one only says so.
+#[cfg(not(feature = "bench-sink"))]
+fn bench_sink_if_requested(log: &slog::Logger, cmdline: &str) {
+    if cmdline
+        .split_whitespace()
+        .any(|w| w == protocols::BENCH_SINK_PARAM)
+    {
+        slog::warn!(
+            log,
+            "the kernel command line asks for the bench sink, which this agent \
+            is built without; `make bench` uses an initrd whose agent has it (make initrd-bench)"
+        );
+    }
 }

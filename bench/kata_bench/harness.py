@@ -39,7 +39,8 @@ class Harness:
         self.fifo = os.path.join(self.work, "fifo")
         self.logfile = os.path.join(self.cdir, "containerd.log")
         self.kernel = os.environ.get("KATA_KERNEL") or ""
-        self.initrd = os.environ.get("KATA_INITRD", "/var/cache/kata-guest/kata-initrd.img")
+        # The agent's bench sink is only in the bench's initrd (make initrd-bench).
+        self.initrd = os.environ.get("KATA_INITRD", "/var/cache/kata-guest/kata-initrd-bench.img")
         self.image_tar = os.environ.get("IMAGE_TAR", "/var/cache/kata-guest/busybox-image.tar")
         shim_dir = os.environ.get("KATA_SHIM_DIR", os.path.join(REPO, "target", "release"))
         self.shim_dir = shim_dir

@@ -285,15 +285,54 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
 }
 
 #[test]
-fn a_container_cannot_reach_the_bench_sink_when_it_runs() {
-    let id = "iso-sink";
+fn a_production_agent_has_no_bench_sink_even_when_asked() {
+    let id = "iso-nosink";
     let _cleanup = SandboxCleanup::new(id);
     let probe = StaticProbe::build("vsock-probe", PROBE_C);
+    // The production initrd, with the word that starts the sink in the bench's.
     let config = RuntimeConfig::qemu().set(
         "hypervisor.qemu",
         "kernel_params",
         &toml_str(BENCH_SINK_PARAM),
     );
+    let c = Containerd::start_configured("iso-nosink", &config);
+    start_detached(&c, id, &["--mount", &probe.mount()], &["sleep", "600"]);
+    // Nothing listens: the guest kernel resets the connect.
+    let out = run_probe(&c, id, "probe", &["local:1025"]);
+    assert_eq!(outcome(&out, "local:1025"), "connect-failed", "{out}");
+    // Nor does the host reach anything there: the VMM side refuses the port.
+    let path = Path::new("/run/vc/vm").join(id).join("kata.hvsock");
+    let mut s = UnixStream::connect(&path).expect("connect to the hybrid vsock socket");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("set a read timeout");
+    s.write_all(format!("CONNECT {BENCH_SINK_PORT}\n").as_bytes())
+        .expect("send CONNECT");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(
+        !answer.to_ascii_uppercase().starts_with("OK"),
+        "a production guest accepted the bench sink's port: {answer:?}"
+    );
+    drop(s);
+    remove_detached(&c, id);
+    assert_no_leftovers(id);
+}
+
+#[test]
+fn a_container_cannot_reach_the_bench_sink_when_it_runs() {
+    let id = "iso-sink";
+    let _cleanup = SandboxCleanup::new(id);
+    let probe = StaticProbe::build("vsock-probe", PROBE_C);
+    // The bench's initrd: its agent has the sink (`make initrd-bench`).
+    let initrd = std::env::var("KATA_TEST_BENCH_INITRD")
+        .expect("KATA_TEST_BENCH_INITRD is not set: run the end-to-end tests with `make test`");
+    let config = RuntimeConfig::qemu()
+        .set(
+            "hypervisor.qemu",
+            "kernel_params",
+            &toml_str(BENCH_SINK_PARAM),
+        )
+        .set("hypervisor.qemu", "initrd", &toml_str(&initrd));
     let c = Containerd::start_configured("iso-sink", &config);
     start_detached(&c, id, &["--mount", &probe.mount()], &["sleep", "600"]);
 
