@@ -139,7 +139,39 @@ pub struct Container {
     pub execs: std::collections::HashMap<String, Process>,
 }
 
+/// Why a container takes no exec now.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecRefused {
+    #[error("is paused: resume it before exec")]
+    Paused,
+    #[error("is not running")]
+    NotRunning,
+    #[error("already has an exec with this id")]
+    IdInUse,
+}
+
 impl Container {
+    /// Registers exec `exec_id` (created, not started): only in a running container,
+    /// under an id it does not use yet.
+    pub fn add_exec(
+        &mut self,
+        exec_id: &str,
+        stdio: StdioPaths,
+        spec: Vec<u8>,
+    ) -> Result<(), ExecRefused> {
+        match self.init.status {
+            Status::Running => {}
+            Status::Paused => return Err(ExecRefused::Paused),
+            _ => return Err(ExecRefused::NotRunning),
+        }
+        if self.execs.contains_key(exec_id) {
+            return Err(ExecRefused::IdInUse);
+        }
+        self.execs
+            .insert(exec_id.to_string(), Process::new(stdio, Some(spec)));
+        Ok(())
+    }
+
     pub fn process(&self, exec_id: &str) -> Option<&Process> {
         if exec_id.is_empty() {
             Some(&self.init)
@@ -347,5 +379,27 @@ mod process_tests {
         assert_eq!(p.status(), Status::Stopped);
         assert_eq!(p.exit().map(|e| e.status), Some(255));
         assert!(matches!(p.begin_start(), Err(Transition::AlreadyStarted)));
+    }
+
+    #[test]
+    fn execs_come_only_into_a_running_container_under_a_new_id() {
+        let mut c = Container {
+            bundle: PathBuf::new(),
+            mounts: Vec::new(),
+            share_dir: PathBuf::new(),
+            init: process(),
+            execs: Default::default(),
+        };
+        let add = |c: &mut Container, id: &str| c.add_exec(id, StdioPaths::default(), Vec::new());
+        assert!(matches!(add(&mut c, "e1"), Err(ExecRefused::NotRunning)));
+        c.init.begin_start().unwrap();
+        c.init.started();
+        add(&mut c, "e1").unwrap();
+        assert!(matches!(add(&mut c, "e1"), Err(ExecRefused::IdInUse)));
+        c.init
+            .pause_transition(Status::Running, Status::Paused)
+            .unwrap();
+        assert!(matches!(add(&mut c, "e2"), Err(ExecRefused::Paused)));
+        assert!(c.process("e1").is_some_and(Process::never_started));
     }
 }

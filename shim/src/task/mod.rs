@@ -24,7 +24,7 @@ use containerd_shim_protos::shim_async::Task;
 use slog::{debug, info, Logger};
 use ttrpc::Code;
 
-use crate::container::{Exit, Status};
+use crate::container::{ExecRefused, Exit, Status};
 use crate::events::{timestamp, Events};
 use crate::io::{Relays, StdioPaths};
 use crate::launch::Launcher;
@@ -452,53 +452,36 @@ impl Task for TaskService {
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
         let _timer = crate::metrics::task_timer("exec");
-        {
-            let mut st = self.inner.lock();
-            let c = st.container_mut(&req.id)?;
-            match c.init.status() {
-                Status::Running => {}
-                Status::Paused => {
-                    return Err(status(
-                        Code::FAILED_PRECONDITION,
-                        format!("container {} is paused: resume it before exec", req.id),
-                    ));
-                }
-                _ => {
-                    return Err(status(
-                        Code::FAILED_PRECONDITION,
-                        format!("container {} is not running", req.id),
-                    ));
-                }
-            }
-            if c.execs.contains_key(&req.exec_id) {
-                return Err(status(
-                    Code::ALREADY_EXISTS,
-                    format!(
-                        "exec id {} is already in use in container {}",
-                        req.exec_id, req.id
-                    ),
-                ));
-            }
-            let spec = req
-                .spec
-                .as_ref()
-                .map(|a| a.value.clone())
-                .unwrap_or_default();
-            let terminal = serde_json::from_slice::<serde_json::Value>(&spec)
-                .ok()
-                .and_then(|v| v.get("terminal").and_then(|t| t.as_bool()))
-                .unwrap_or(req.terminal);
-            let stdio = StdioPaths {
-                stdin: req.stdin.clone(),
-                stdout: req.stdout.clone(),
-                stderr: req.stderr.clone(),
-                terminal,
-            };
-            c.execs.insert(
-                req.exec_id.clone(),
-                crate::container::Process::new(stdio, Some(spec)),
-            );
-        }
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default();
+        // The exec's own `terminal` wins over the request's, as with runc.
+        let terminal = serde_json::from_slice::<serde_json::Value>(&spec)
+            .ok()
+            .and_then(|v| v.get("terminal").and_then(|t| t.as_bool()))
+            .unwrap_or(req.terminal);
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal,
+        };
+        self.inner
+            .lock()
+            .container_mut(&req.id)?
+            .add_exec(&req.exec_id, stdio, spec)
+            .map_err(|e| {
+                let code = match e {
+                    ExecRefused::IdInUse => Code::ALREADY_EXISTS,
+                    _ => Code::FAILED_PRECONDITION,
+                };
+                status(
+                    code,
+                    format!("container {}: exec {}: {e}", req.id, req.exec_id),
+                )
+            })?;
         self.inner.events.exec_added(&req.id, &req.exec_id).await;
         Ok(Empty::new())
     }
