@@ -20,25 +20,22 @@ use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 ///
 /// `page_reporting.page_reporting_order=5`: free page reporting (the balloon below)
 /// hands back free blocks of 128 KiB and up instead of the kernel's default, its page
-/// block, which is 4 MiB in our guest kernel (no huge pages). Memory a workload frees
-/// piecemeal (socket buffers, slab, page cache) then goes back too: after 64 MiB
-/// received over a pod's NIC, guest RAM ended 1.4 MiB below its idle size instead of
-/// about 3.5 MiB above it; container stdout throughput within 2%.
+/// block (4 MiB in our guest kernel), so that memory a workload frees piecemeal (socket
+/// buffers, slab, page cache) goes back to the host too.
 ///
 /// `io_delay=none`: the legacy drivers' "slow" port writes (PIC, PIT, RTC) are followed
-/// by a write to port 0x80 that only old hardware needed; each is an exit to the VMM
-/// under KVM, about 320 of them per boot.
+/// by a write to port 0x80 that only old hardware needed, each an exit to the VMM under
+/// KVM.
 pub const BASE_KERNEL_PARAMS: &str =
     "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none";
 /// The guest CID (the only guest of its vsock backend).
 pub const GUEST_CID: u32 = 3;
 /// Descriptors per virtio-fs request queue.
 const FS_QUEUE_SIZE: u32 = 1024;
-/// TCG's translation cache, in MiB. QEMU's default lets it grow to 1 GiB per VM; a
-/// sandbox's boot and a short workload fill about 40-50 MiB of it, which this leaves
-/// room for, while a long-running, code-hungry workload recycles the cache instead of
-/// growing it (measured: 32 MiB made boot ~250 ms slower by flushing it mid-boot, 64 MiB
-/// costs nothing).
+/// TCG's translation cache, in MiB. QEMU's default lets it grow to 1 GiB per VM; this
+/// leaves room for what a sandbox's boot and a short workload translate (a smaller cache
+/// is flushed mid-boot, which slows it), while a long-running, code-hungry workload
+/// recycles the cache instead of growing it.
 pub const TCG_TB_SIZE_MIB: u32 = 64;
 /// The guest CPU under TCG: everything QEMU can emulate, less the "fast string" hints
 /// (ERMS, FSRM, FZRM, FSRS, FSRC). On hardware they make `rep movsb`/`rep stosb` the
