@@ -127,6 +127,8 @@ fn run_daemon() -> ExitCode {
     let Some(rt) = runtime(&mut tokio::runtime::Builder::new_multi_thread()) else {
         return ExitCode::FAILURE;
     };
+    // Agent request latencies go to the sandbox's metrics.
+    agent::observe_requests(|op, took| metrics::METRICS.agent_request(op, took));
     let config = containerd_shim::Config {
         // The shim logs with slog into the bundle's log fifo itself.
         no_setup_logger: true,

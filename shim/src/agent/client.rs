@@ -220,7 +220,7 @@ impl KataAgent {
         let t0 = Instant::now();
         tokio::select! {
             r = answered => {
-                crate::metrics::METRICS.agent_request(op, t0.elapsed());
+                super::observed(op, t0.elapsed());
                 r?.map_err(|source| AgentError::Rpc { op, source })
             }
             cause = gone.wait_for(Option::is_some) => {

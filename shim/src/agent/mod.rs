@@ -28,6 +28,24 @@ use tokio::sync::watch;
 
 pub use client::{hybrid_vsock_connect, port_forward_answer, KataAgent};
 
+/// Told how long each answered agent request took (its name, e.g.
+/// `grpc.CreateContainerRequest`); the shim's metrics set it at start. The module keeps
+/// to external crates (the fuzz targets compile it on its own), hence a hook.
+pub type RequestObserver = fn(&'static str, Duration);
+
+static OBSERVER: std::sync::OnceLock<RequestObserver> = std::sync::OnceLock::new();
+
+/// Sets the [`RequestObserver`] (once; later calls are ignored).
+pub fn observe_requests(observer: RequestObserver) {
+    let _ = OBSERVER.set(observer);
+}
+
+fn observed(op: &'static str, took: Duration) {
+    if let Some(observe) = OBSERVER.get() {
+        observe(op, took);
+    }
+}
+
 /// Failures talking to the agent, phrased for a containerd user reading `ctr`'s output.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
