@@ -113,6 +113,18 @@ pub enum ContainerError {
     Guest(AgentError),
 }
 
+/// A sandbox's VM once it is up and its agent answered, cold or adopted from the pool.
+struct Up {
+    shared: SharedDirs,
+    agent: KataAgent,
+    info: VmInfo,
+    progress: Progress,
+    vm: Box<dyn Hypervisor>,
+    watched: Vec<Watched>,
+    /// Started by the VM factory, not by this shim (watched by pidfd).
+    adopted: bool,
+}
+
 /// What `create` has done so far, for undoing it.
 struct Progress {
     state: SandboxState,
@@ -255,29 +267,49 @@ impl Sandbox {
                 return Err(e);
             }
         };
-        let sb = Arc::new(Sandbox {
+        let up = Up {
             shared,
+            agent,
+            info,
+            progress,
+            vm,
+            watched,
+            adopted: false,
+        };
+        Ok(Self::running(up, cfg, spec, log).await)
+    }
+
+    /// The sandbox around a VM that is up and whose agent answered: watched, and with
+    /// port-forward for a pod with a network.
+    async fn running(
+        up: Up,
+        cfg: &kata_config::Config,
+        spec: &SandboxSpec,
+        log: &Logger,
+    ) -> Arc<Sandbox> {
+        let sb = Arc::new(Sandbox {
+            shared: up.shared,
             guest_rootfs_root: hypervisor::guest_rootfs_root(cfg),
-            agent: Arc::new(agent),
-            task_pid: info.vmm_pid.max(0) as u32,
-            console_log: Some(info.console_log.clone()),
-            state: Mutex::new(progress.state),
+            agent: Arc::new(up.agent),
+            task_pid: up.info.vmm_pid.max(0) as u32,
+            console_log: Some(up.info.console_log.clone()),
+            state: Mutex::new(up.progress.state),
             persist: true,
-            vm: tokio::sync::Mutex::new(Some(vm)),
+            vm: tokio::sync::Mutex::new(Some(up.vm)),
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
-            host_cgroup: progress.host_cgroup,
+            host_cgroup: up.progress.host_cgroup,
             host_mounts: Box::new(RealHostMounts),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
         });
-        sb.start_watchdog(watched, false);
+        sb.start_watchdog(up.watched, up.adopted);
         if let Some(netns) = &spec.netns {
-            sb.start_port_forward(netns, info.agent_socket.clone())
+            sb.start_port_forward(netns, up.info.agent_socket.clone())
                 .await;
         }
-        Ok(sb)
+        sb
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -462,29 +494,16 @@ impl Sandbox {
                 return None;
             }
         };
-        let sb = Arc::new(Sandbox {
+        let up = Up {
             shared: vm.shared.dirs(),
-            guest_rootfs_root: hypervisor::guest_rootfs_root(cfg),
-            agent: Arc::new(agent),
-            task_pid: vm.info.vmm_pid.max(0) as u32,
-            console_log: Some(vm.info.console_log.clone()),
-            state: Mutex::new(progress.state),
-            persist: true,
-            vm: tokio::sync::Mutex::new(Some(vm_handle)),
-            ended: watch::channel(None).0,
-            watchdog: Mutex::new(None),
-            port_forward: Mutex::new(None),
-            host_cgroup: progress.host_cgroup,
-            host_mounts: Box::new(RealHostMounts),
-            log: log.clone(),
-            debug: cfg.runtime.enable_debug,
-        });
-        sb.start_watchdog(watched, true);
-        if let Some(netns) = &spec.netns {
-            sb.start_port_forward(netns, vm.info.agent_socket.clone())
-                .await;
-        }
-        Some(sb)
+            agent,
+            info: vm.info.clone(),
+            progress,
+            vm: vm_handle,
+            watched,
+            adopted: true,
+        };
+        Some(Self::running(up, cfg, spec, log).await)
     }
 
     /// The hand-over of a claimed pooled VM `vm` to sandbox `id`: its uid claim, host
