@@ -8,6 +8,8 @@
 //! and the subscription is not missed. Processes of another parent (a pooled VM's, the
 //! VM factory's children): a pidfd each ([`first_exit_of_others`]).
 
+use std::time::Duration;
+
 use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
 use containerd_shim::monitor::{Subject, Topic};
 
@@ -104,8 +106,31 @@ pub async fn first_exit_of_others(watched: Vec<Watched>) -> String {
         return "the sandbox has no process to watch".into();
     }
     let (_, i, _) = futures::future::select_all(waits).await;
-    let w = &watched[i];
+    let w = the_cause(&watched, i).await;
     format!("{} (pid {}) {}", w.what, w.pid, describe_other(w.pid))
+}
+
+/// How long a helper's exit waits to see whether the VMM's came with it.
+const VMM_EXIT_GRACE: Duration = Duration::from_millis(200);
+
+/// Which of `watched` to name when `first` exited first: the VMM if it is gone too
+/// within [`VMM_EXIT_GRACE`]. A killed VMM closes its sockets before it has finished
+/// exiting, so virtiofsd, seeing them close, may end first; the VMM is the cause then.
+async fn the_cause(watched: &[Watched], first: usize) -> &Watched {
+    let Some(vmm) = watched.iter().find(|w| w.what.starts_with("the VMM")) else {
+        return &watched[first];
+    };
+    if vmm.pid == watched[first].pid {
+        return vmm;
+    }
+    let deadline = tokio::time::Instant::now() + VMM_EXIT_GRACE;
+    while tokio::time::Instant::now() < deadline {
+        if !hypervisor::process::is_running(vmm.pid) {
+            return vmm;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    &watched[first]
 }
 
 /// A pidfd of `pid`, registered with the runtime for readiness.
@@ -292,5 +317,40 @@ mod tests {
         );
         vmm.kill().unwrap();
         vmm.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_helper_ending_as_the_vmm_dies_does_not_take_the_blame() {
+        let spawn = |cmd: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", cmd])
+                .spawn()
+                .unwrap()
+        };
+        let watched = |vmm: u32, helper: u32| {
+            vec![
+                Watched {
+                    pid: vmm as i32,
+                    what: "the VMM qemu".into(),
+                },
+                Watched {
+                    pid: helper as i32,
+                    what: "helper virtiofsd".into(),
+                },
+            ]
+        };
+        // The helper first, the VMM 50 ms later: the VMM is the cause.
+        let mut vmm = spawn("sleep 0.05");
+        let mut helper = spawn("exit 0");
+        let _ = helper.wait();
+        let w = watched(vmm.id(), helper.id());
+        assert_eq!(the_cause(&w, 1).await.pid, vmm.id() as i32);
+        let _ = vmm.wait();
+        // A VMM that runs on: the helper is.
+        let mut vmm = spawn("sleep 30");
+        let w = watched(vmm.id(), helper.id());
+        assert_eq!(the_cause(&w, 1).await.pid, helper.id() as i32);
+        let _ = vmm.kill();
+        let _ = vmm.wait();
     }
 }
