@@ -4,7 +4,8 @@
 # have the pool key the tests' sandboxes look for.
 #
 #   source /tmp/testenv.sh   # KATA_TEST_KERNEL, KATA_TEST_INITRD, KATA_TEST_SHIM_DIR
-#   scripts/test-pool.sh start DIR   -> starts `kata-runtime factory init`, prints the export
+#   scripts/test-pool.sh start DIR   -> starts `kata-runtime factory init` (KATA_TEST_POOL_SIZE
+#                                       ready VMs, default 2), prints the export
 #   KATA_TEST_POOL_DIR=DIR/pool cargo test -p e2e-tests --test ctr
 #   scripts/test-pool.sh stop DIR    -> `kata-runtime factory destroy` (nothing left)
 #
@@ -25,7 +26,7 @@ start)
 [runtime]
 enable_debug = true
 [factory]
-vm_cache_number = 2
+vm_cache_number = ${KATA_TEST_POOL_SIZE:-2}
 vm_cache_dir = "$dir/pool"
 [hypervisor.qemu]
 kernel = "$KATA_TEST_KERNEL"

@@ -204,6 +204,12 @@ pub fn pooled_vm_of(sandbox: &str) -> Option<String> {
     v["pooled"]["vm_id"].as_str().map(str::to_string)
 }
 
+/// The run directory of sandbox `id`'s VM (sockets, console log): `/run/vc/vm/<id>`, or
+/// the pooled VM's `/run/vc/vm/<vm id>` when the sandbox started from the pool.
+pub fn vm_run_dir(sandbox: &str) -> std::path::PathBuf {
+    std::path::Path::new("/run/vc/vm").join(pooled_vm_of(sandbox).unwrap_or_else(|| sandbox.into()))
+}
+
 /// What is left on the host of pooled VM `id` or of a sandbox `id`: processes, mounts,
 /// directories and uid claims naming it.
 pub fn vm_leftovers(id: &str) -> Vec<String> {

@@ -12,7 +12,6 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::*;
@@ -158,7 +157,7 @@ fn run_probe(c: &Containerd, id: &str, exec_id: &str, targets: &[&str]) -> Strin
 
 /// Connects to guest `port` through the sandbox's hybrid vsock socket, as the shim does.
 fn host_connect(sandbox: &str, port: u32) -> UnixStream {
-    let path = Path::new("/run/vc/vm").join(sandbox).join("kata.hvsock");
+    let path = vm_run_dir(sandbox).join("kata.hvsock");
     let mut s =
         UnixStream::connect(&path).unwrap_or_else(|e| panic!("connect to {}: {e}", path.display()));
     s.set_read_timeout(Some(Duration::from_secs(30)))
@@ -301,7 +300,7 @@ fn a_production_agent_has_no_bench_sink_even_when_asked() {
     let out = run_probe(&c, id, "probe", &["local:1025"]);
     assert_eq!(outcome(&out, "local:1025"), "connect-failed", "{out}");
     // Nor does the host reach anything there: the VMM side refuses the port.
-    let path = Path::new("/run/vc/vm").join(id).join("kata.hvsock");
+    let path = vm_run_dir(id).join("kata.hvsock");
     let mut s = UnixStream::connect(&path).expect("connect to the hybrid vsock socket");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("set a read timeout");

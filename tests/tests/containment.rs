@@ -155,10 +155,12 @@ fn assert_minimal_root(id: &str, what: &str, pid: i32) {
         ),
         "{id}: {what}'s /dev holds {dev:?}"
     );
+    let run_dir = vm_run_dir(id);
+    let inside = root.join(run_dir.strip_prefix("/").unwrap());
     assert!(
-        root.join(format!("run/vc/vm/{id}/qmp.sock")).exists()
-            || root.join(format!("run/vc/vm/{id}/kata.hvsock")).exists(),
-        "{id}: {what} does not see its run directory"
+        inside.join("qmp.sock").exists() || inside.join("kata.hvsock").exists(),
+        "{id}: {what} does not see its run directory {}",
+        run_dir.display()
     );
 }
 
@@ -348,7 +350,7 @@ fn two_sandboxes_run_as_unprivileged_uids_of_their_own() {
             .collect();
         assert_eq!(links, ["lo"], "{id}: kata-vsock's network");
 
-        let run_dir = PathBuf::from(format!("/run/vc/vm/{id}"));
+        let run_dir = vm_run_dir(id);
         let meta = std::fs::metadata(&run_dir).unwrap();
         assert_eq!(
             (meta.mode() & 0o7777, meta.uid(), meta.gid()),
@@ -365,10 +367,10 @@ fn two_sandboxes_run_as_unprivileged_uids_of_their_own() {
     }
     assert_ne!(uids[0], uids[1], "two sandboxes share a uid");
 
-    let run_dir = Path::new("/run/vc/vm/contain-a");
-    assert_migrate_to_exec_spawns_nothing(names[0], run_dir);
+    let run_dir = vm_run_dir(names[0]);
+    assert_migrate_to_exec_spawns_nothing(names[0], &run_dir);
     let vmm = persisted_pids(names[0]).unwrap().vmm_pid;
-    assert_bridge_helper_spawns_nothing(names[0], run_dir, vmm);
+    assert_bridge_helper_spawns_nothing(names[0], &run_dir, vmm);
     // The sandbox still serves its container.
     let out = exec(&c, names[0], "after-qmp", &[], &["echo", "alive"]);
     assert_eq!(stdout(&out), "alive\n", "{}", stderr(&out));
