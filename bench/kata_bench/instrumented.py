@@ -159,6 +159,8 @@ def kata_run(h, cg, mode, watch=True):
                 res["dev_" + key] = w.trace.between(a, b)
             res["dev_total"] = w.trace.between(None, t[shimlog.PROCESS_EXITED])
             res["dev_regions"] = w.trace.by_region
+            res["dev_virtio"] = w.trace.virtio()
+            res["dev_virtio_devices"] = w.trace.virtio_devices()
     return res
 
 
@@ -229,6 +231,8 @@ def floor_run(h, mode):
         if mode == "trace":
             res["dev_total"] = w.trace.between(None, None)
             res["dev_regions"] = w.trace.by_region
+            res["dev_virtio"] = w.trace.virtio()
+            res["dev_virtio_devices"] = w.trace.virtio_devices()
     return res
 
 

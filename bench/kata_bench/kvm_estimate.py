@@ -156,6 +156,19 @@ def add_rows(h, runs):
                            "traced): %s" % (name, ", ".join(
                                "%s %d" % (k, statistics.median(v)) for k, v in
                                sorted(regions.items(), key=lambda kv: -statistics.median(kv[1])))))
+    virtio = [r for r in kt if r.get("dev_virtio")]
+    if virtio:
+        counts, devices = {}, virtio[0].get("dev_virtio_devices", {})
+        for r in virtio:
+            for k, v in r["dev_virtio"].items():
+                counts.setdefault(k, []).append(v)
+        R.notes.append(
+            "virtio-mmio accesses by device and purpose (kata, VM start to poweroff; medians; "
+            "devices: %s): %s; 'interrupt' is InterruptStatus + InterruptACK, two exits per "
+            "interrupt, 'config' the config space a byte per access" % (
+                ", ".join("%s x%d" % kv for kv in sorted(devices.items())),
+                ", ".join("%s %d" % (k, statistics.median(v)) for k, v in
+                          sorted(counts.items(), key=lambda kv: -statistics.median(kv[1])))))
 
     # 8. The estimate, run by run: each host-CPU run's own wall time and vCPU time, with the
     # medians of the instructions and device accesses (which barely move between runs).
