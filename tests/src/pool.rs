@@ -27,7 +27,8 @@ pub struct TestPool {
     pub size: usize,
     /// The runtime configuration with the pool's `[factory]` section.
     pub config: RuntimeConfig,
-    config_file: PathBuf,
+    /// That configuration's file.
+    pub config_file: PathBuf,
     log: PathBuf,
 }
 
@@ -68,6 +69,11 @@ impl TestPool {
 
     /// Every ready VM's record.
     pub fn ready(&self) -> Vec<Value> {
+        self.ready_files().into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Every ready VM's ready file (a claim renames it) and record.
+    pub fn ready_files(&self) -> Vec<(PathBuf, Value)> {
         let mut found = Vec::new();
         for key in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             for f in std::fs::read_dir(key.path().join("ready"))
@@ -81,7 +87,7 @@ impl TestPool {
                         .ok()
                         .and_then(|t| serde_json::from_slice::<Value>(&t).ok())
                     {
-                        found.push(v);
+                        found.push((path, v));
                     }
                 }
             }

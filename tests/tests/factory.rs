@@ -10,8 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::*;
@@ -20,149 +19,25 @@ use serde_json::Value;
 
 /// How many VMs the test factories keep ready.
 const POOL_SIZE: usize = 2;
-/// How long a pool may take to fill (boots under TCG on a loaded host are slow).
-const FILL_LIMIT: Duration = Duration::from_secs(300);
 /// How long the factory may take to stop its VMs.
 const STOP_LIMIT: Duration = Duration::from_secs(90);
 /// The agent's vsock port (protocols::AGENT_VSOCK_PORT).
 const AGENT_PORT: u32 = 1024;
 
-/// The test's pool: its directory and the configuration file naming it.
-struct Pool {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-    config: PathBuf,
-    /// The factory's log (its stderr).
-    log: PathBuf,
+/// The test's pool: a directory and a configuration of its own, of the tests' QEMU
+/// configuration.
+fn pool(name: &str) -> TestPool {
+    TestPool::new(&format!("factory-{name}"), RuntimeConfig::qemu(), POOL_SIZE)
 }
 
-impl Pool {
-    fn new(name: &str) -> Pool {
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("kata-factory-{name}-"))
-            .tempdir()
-            .expect("a temporary directory");
-        let dir = tmp.path().join("pool");
-        let config = tmp.path().join("configuration.toml");
-        let text = RuntimeConfig::qemu()
-            .set("factory", "vm_cache_number", &POOL_SIZE.to_string())
-            .set(
-                "factory",
-                "vm_cache_dir",
-                &toml_str(&dir.display().to_string()),
-            )
-            .render();
-        std::fs::write(&config, text).expect("writing the configuration");
-        Pool {
-            log: tmp.path().join("factory.log"),
-            _tmp: tmp,
-            dir,
-            config,
-        }
-    }
+/// Dropped before the factory it follows (declare it after), so that a VM the test
+/// claimed and did not give back goes back on offer, and the factory's stop (or `destroy`)
+/// removes it, also when the test failed.
+struct GiveBack<'a>(&'a Path);
 
-    fn kata_runtime(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(kata_runtime());
-        cmd.arg("--config")
-            .arg(&self.config)
-            .arg("factory")
-            .args(args);
-        cmd
-    }
-
-    /// Every ready VM's record, by id.
-    fn ready(&self) -> Vec<(PathBuf, Value)> {
-        let mut found = Vec::new();
-        for key in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-            let ready = key.path().join("ready");
-            for f in std::fs::read_dir(&ready).into_iter().flatten().flatten() {
-                let path = f.path();
-                if path.extension().is_some_and(|x| x == "json") {
-                    if let Ok(text) = std::fs::read(&path) {
-                        if let Ok(v) = serde_json::from_slice::<Value>(&text) {
-                            found.push((path, v));
-                        }
-                    }
-                }
-            }
-        }
-        found
-    }
-
-    /// Waits until `POOL_SIZE` VMs are ready and every one of `gone` is no longer among
-    /// them; their records.
-    fn wait_full(&self, factory: &mut Factory, gone: &[String]) -> Vec<(PathBuf, Value)> {
-        let got = poll(FILL_LIMIT, Duration::from_millis(200), || {
-            let ready = self.ready();
-            let stale = ready.iter().any(|(_, v)| gone.contains(&vm_id(v)));
-            (ready.len() == POOL_SIZE && !stale).then_some(ready)
-        });
-        match got {
-            Some(r) => r,
-            None => panic!(
-                "the pool did not fill to {POOL_SIZE} (ready now: {:?}); factory running: {}; \
-                 its log:\n{}",
-                self.ready()
-                    .iter()
-                    .map(|(_, v)| vm_id(v))
-                    .collect::<Vec<_>>(),
-                factory.bg.running(),
-                factory.log()
-            ),
-        }
-    }
-}
-
-/// A running `kata-runtime factory init`: stopped with SIGTERM when dropped (SIGKILL if
-/// it does not stop), then `factory destroy` removes whatever it left, also when the
-/// test failed.
-struct Factory {
-    bg: Background,
-    pid: i32,
-    log: PathBuf,
-    pool_dir: PathBuf,
-    destroy: Command,
-}
-
-impl Factory {
-    fn start(pool: &Pool) -> Factory {
-        let log = std::fs::File::create(&pool.log).expect("creating the factory's log");
-        let child = pool
-            .kata_runtime(&["init"])
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("starting kata-runtime factory init");
-        let bg = Background::new(child);
-        let pid = bg.pid();
-        Factory {
-            bg,
-            pid,
-            log: pool.log.clone(),
-            pool_dir: pool.dir.clone(),
-            destroy: pool.kata_runtime(&["destroy"]),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Factory {
+impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
-        // A VM the test claimed and did not give back yet goes back on offer, so that the
-        // factory's stop (or `destroy`) removes it.
-        give_back(&self.pool_dir);
-        if alive(self.pid) {
-            signal(self.pid, Signal::SIGTERM);
-            if !wait_gone(self.pid, STOP_LIMIT) {
-                signal(self.pid, Signal::SIGKILL);
-                wait_gone(self.pid, Duration::from_secs(10));
-            }
-        }
-        let _ = self.bg.wait_within(Duration::from_secs(5));
-        let _ = self.destroy.output();
+        give_back(self.0);
     }
 }
 
@@ -206,24 +81,15 @@ fn agent_answers(v: &Value) -> Result<(), String> {
 }
 
 /// Everything of the pool or of the VMs `ids` still on the host.
-fn pool_leftovers(pool: &Pool, ids: &[String]) -> Vec<String> {
+fn pool_leftovers(pool: &TestPool, ids: &[String]) -> Vec<String> {
     let mut left: Vec<String> = ids.iter().flat_map(|id| vm_leftovers(id)).collect();
-    for entry in std::fs::read_dir(&pool.dir).into_iter().flatten().flatten() {
-        left.push(format!("in the pool directory: {}", entry.path().display()));
-    }
-    let dir = pool.dir.display().to_string();
-    left.extend(
-        mount_points()
-            .into_iter()
-            .filter(|m| m.starts_with(&dir))
-            .map(|m| format!("mount {m}")),
-    );
+    left.extend(pool.leftovers());
     left
 }
 
 /// Waits until nothing of the pool or of the VMs `ids` is left: no process, mount,
 /// network namespace, run directory, share, uid claim, ready file or pid file.
-fn assert_nothing_left(pool: &Pool, ids: &[String]) {
+fn assert_nothing_left(pool: &TestPool, ids: &[String]) {
     let clean = poll(Duration::from_secs(15), Duration::from_millis(100), || {
         pool_leftovers(pool, ids).is_empty().then_some(())
     });
@@ -234,12 +100,14 @@ fn assert_nothing_left(pool: &Pool, ids: &[String]) {
 
 #[test]
 fn the_factory_keeps_vms_ready_refills_replaces_and_leaves_nothing_on_sigterm() {
-    let pool = Pool::new("sigterm");
-    let mut factory = Factory::start(&pool);
+    let pool = pool("sigterm");
+    let mut factory = TestFactory::start(&pool);
+    let _give_back = GiveBack(&pool.dir);
     let mut seen: Vec<String> = Vec::new();
 
     // Filled, with agents that answer and uid claims naming each VM.
-    let ready = pool.wait_full(&mut factory, &[]);
+    pool.wait_full(&mut factory, &[]);
+    let ready = pool.ready_files();
     for (path, v) in &ready {
         seen.push(vm_id(v));
         assert!(
@@ -262,7 +130,7 @@ fn the_factory_keeps_vms_ready_refills_replaces_and_leaves_nothing_on_sigterm() 
     let claimed_file = key_dir.join(TEST_CLAIM);
     std::fs::rename(claimed_path, &claimed_file).expect("claiming a ready VM");
     let refilled = pool.wait_full(&mut factory, &[vm_id(claimed)]);
-    for (_, v) in &refilled {
+    for v in &refilled {
         if !seen.contains(&vm_id(v)) {
             seen.push(vm_id(v));
         }
@@ -275,12 +143,12 @@ fn the_factory_keeps_vms_ready_refills_replaces_and_leaves_nothing_on_sigterm() 
     // A ready VM killed with kill -9 is replaced, and what it left is removed.
     let victim = refilled
         .iter()
-        .map(|(_, v)| v.clone())
         .find(|v| vm_id(v) != vm_id(claimed))
+        .cloned()
         .unwrap();
     assert!(signal(vm_pid(&victim), Signal::SIGKILL));
     let replaced = pool.wait_full(&mut factory, &[vm_id(&victim)]);
-    for (_, v) in &replaced {
+    for v in &replaced {
         if !seen.contains(&vm_id(v)) {
             seen.push(vm_id(v));
         }
@@ -312,10 +180,10 @@ fn the_factory_keeps_vms_ready_refills_replaces_and_leaves_nothing_on_sigterm() 
 
 #[test]
 fn factory_destroy_stops_the_factory_and_its_vms() {
-    let pool = Pool::new("destroy");
-    let mut factory = Factory::start(&pool);
+    let pool = pool("destroy");
+    let mut factory = TestFactory::start(&pool);
     let ready = pool.wait_full(&mut factory, &[]);
-    let ids: Vec<String> = ready.iter().map(|(_, v)| vm_id(v)).collect();
+    let ids: Vec<String> = ready.iter().map(vm_id).collect();
 
     let status = pool
         .kata_runtime(&["status"])
@@ -353,11 +221,11 @@ fn factory_destroy_stops_the_factory_and_its_vms() {
 
 #[test]
 fn init_refuses_a_configuration_without_a_pool() {
-    let pool = Pool::new("off");
-    let text = std::fs::read_to_string(&pool.config)
+    let pool = pool("off");
+    let text = std::fs::read_to_string(&pool.config_file)
         .unwrap()
         .replace("vm_cache_number = 2", "vm_cache_number = 0");
-    std::fs::write(&pool.config, text).unwrap();
+    std::fs::write(&pool.config_file, text).unwrap();
     let out = pool
         .kata_runtime(&["init"])
         .output()
@@ -373,13 +241,9 @@ fn init_refuses_a_configuration_without_a_pool() {
 
 #[test]
 fn a_crashed_factorys_ready_vms_are_removed_by_the_next_init_and_by_destroy() {
-    let pool = Pool::new("crash");
-    let mut first = Factory::start(&pool);
-    let orphans: Vec<Value> = pool
-        .wait_full(&mut first, &[])
-        .into_iter()
-        .map(|(_, v)| v)
-        .collect();
+    let pool = pool("crash");
+    let mut first = TestFactory::start(&pool);
+    let orphans: Vec<Value> = pool.wait_full(&mut first, &[]);
     let orphan_ids: Vec<String> = orphans.iter().map(vm_id).collect();
     // kill -9: the factory cannot stop its VMs; they run on, still offered.
     assert!(signal(first.pid, Signal::SIGKILL));
@@ -389,7 +253,7 @@ fn a_crashed_factorys_ready_vms_are_removed_by_the_next_init_and_by_destroy() {
     }
 
     // The next factory of the pool removes them and offers VMs of its own.
-    let mut second = Factory::start(&pool);
+    let mut second = TestFactory::start(&pool);
     let fresh = pool.wait_full(&mut second, &orphan_ids);
     let gone = poll(Duration::from_secs(30), Duration::from_millis(100), || {
         orphan_ids
@@ -408,7 +272,7 @@ fn a_crashed_factorys_ready_vms_are_removed_by_the_next_init_and_by_destroy() {
     );
 
     // And `destroy` after another crash removes what that one left.
-    let fresh_ids: Vec<String> = fresh.iter().map(|(_, v)| vm_id(v)).collect();
+    let fresh_ids: Vec<String> = fresh.iter().map(vm_id).collect();
     assert!(signal(second.pid, Signal::SIGKILL));
     assert!(wait_gone(second.pid, Duration::from_secs(10)));
     let out = pool
@@ -428,10 +292,10 @@ fn a_crashed_factorys_ready_vms_are_removed_by_the_next_init_and_by_destroy() {
 
 #[test]
 fn what_a_factory_killed_mid_boot_left_is_removed_by_destroy() {
-    let pool = Pool::new("midboot");
-    let factory = Factory::start(&pool);
+    let pool = pool("midboot");
+    let factory = TestFactory::start(&pool);
     // A VM being booted is marked `<key>/booting/<id>` until it is offered.
-    let booting = poll(FILL_LIMIT, Duration::from_millis(5), || {
+    let booting = poll(POOL_FILL_LIMIT, Duration::from_millis(5), || {
         std::fs::read_dir(&pool.dir)
             .into_iter()
             .flatten()
@@ -450,7 +314,7 @@ fn what_a_factory_killed_mid_boot_left_is_removed_by_destroy() {
     };
     assert!(signal(factory.pid, Signal::SIGKILL));
     assert!(wait_gone(factory.pid, Duration::from_secs(10)));
-    let ready: Vec<String> = pool.ready().iter().map(|(_, v)| vm_id(v)).collect();
+    let ready: Vec<String> = pool.ready().iter().map(vm_id).collect();
 
     let out = pool
         .kata_runtime(&["destroy"])
