@@ -108,23 +108,11 @@ impl Hypervisor for Adopted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Command, Stdio};
 
     /// A process of another parent (a `sh` that reaps it), in a group of its own as the
     /// factory's daemons are, and the `sh`.
     fn grandchild(cmd: &str) -> (std::process::Child, i32) {
-        let mut sh = Command::new("sh")
-            .args(["-c", &format!("setsid {cmd} & echo $!; wait")])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        (sh, line.trim().parse().unwrap())
+        crate::process::spawn_grandchild(&format!("setsid {cmd}"))
     }
 
     fn running(pid: i32) -> bool {

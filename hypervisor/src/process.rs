@@ -385,16 +385,39 @@ fn group_runs(pid: i32) -> bool {
         })
 }
 
-/// The process group of a `/proc/<pid>/stat` line, if the process has not exited.
-fn live_group_of(stat: &str) -> Option<i32> {
+/// For tests: runs shell command `cmd` in the background of a `sh` that reaps it, so
+/// that it is not the caller's child (as a pooled VM's processes are not the shim's);
+/// the `sh` (to wait for) and the pid `cmd` got.
+#[cfg(any(test, feature = "test-utils"))]
+pub fn spawn_grandchild(cmd: &str) -> (std::process::Child, i32) {
+    use std::io::BufRead;
+    let mut sh = std::process::Command::new("sh")
+        .args(["-c", &format!("{cmd} & echo $!; wait")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting sh");
+    let mut line = String::new();
+    std::io::BufReader::new(sh.stdout.take().expect("sh's stdout"))
+        .read_line(&mut line)
+        .expect("reading the pid sh printed");
+    (sh, line.trim().parse().expect("a pid"))
+}
+
+/// The state letter and the process group of a `/proc/<pid>/stat` line.
+pub fn state_and_group(stat: &str) -> Option<(&str, i32)> {
     // The fields after the parenthesised command name (which may itself hold ')'):
     // state, ppid, pgrp, ...
     let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
     let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
+    Some((state, fields.nth(1)?.parse().ok()?))
+}
+
+/// The process group of a `/proc/<pid>/stat` line, if the process has not exited.
+fn live_group_of(stat: &str) -> Option<i32> {
+    match state_and_group(stat)? {
+        ("Z" | "X", _) => None,
+        (_, group) => Some(group),
     }
-    fields.nth(1)?.parse().ok()
 }
 
 /// Whether `pid` is (or, gone, was) a group leader: its group exists. A pid that never
@@ -666,6 +689,7 @@ mod tests {
         assert_eq!(live_group_of(stat), Some(977));
         assert_eq!(live_group_of("42 (x) Z 1 977 977 0"), None);
         assert_eq!(live_group_of("garbage"), None);
+        assert_eq!(state_and_group("42 (a) b) S 1 977 977 0"), Some(("S", 977)));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub fn processes(pids: &[i32]) -> Vec<i32> {
         {
             let group = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
-                .and_then(|stat| group_of(&stat));
+                .and_then(|stat| hypervisor::process::state_and_group(&stat).map(|(_, g)| g));
             if group.is_some_and(|g| pids.contains(&g)) {
                 found.push(pid);
             }
@@ -33,16 +33,6 @@ pub fn processes(pids: &[i32]) -> Vec<i32> {
     found.sort_unstable();
     found.dedup();
     found
-}
-
-/// The process group of a `/proc/<pid>/stat` line.
-fn group_of(stat: &str) -> Option<i32> {
-    // After the parenthesised command name (which may hold ')'): state, ppid, pgrp.
-    stat.get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()
 }
 
 /// Why a process could not be moved into the pod's cgroup.
@@ -136,12 +126,6 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
     use std::process::Command;
-
-    #[test]
-    fn the_group_of_a_stat_line() {
-        assert_eq!(group_of("42 (a) b) S 1 977 977 0"), Some(977));
-        assert_eq!(group_of("garbage"), None);
-    }
 
     #[test]
     fn a_daemons_forked_workers_are_its_processes() {

@@ -217,18 +217,7 @@ mod tests {
     #[tokio::test]
     async fn the_exit_of_a_process_that_is_not_ours_ends_the_watch() {
         // A grandchild: `sh` is its parent and reaps it, never us.
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "sleep 100 & echo $!; wait"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let pid: i32 = line.trim().parse().unwrap();
+        let (mut sh, pid) = hypervisor::process::spawn_grandchild("sleep 100");
         let watch = tokio::spawn(first_exit_of_others(vec![Watched {
             pid,
             what: "the VMM sleep".into(),
