@@ -231,8 +231,6 @@ def floor_run(h, mode):
         if mode == "trace":
             res["dev_total"] = w.trace.between(None, None)
             res["dev_regions"] = w.trace.by_region
-            res["dev_virtio"] = w.trace.virtio()
-            res["dev_virtio_devices"] = w.trace.virtio_devices()
     return res
 
 

@@ -15,7 +15,7 @@ use crate::{Background, RuntimeConfig};
 /// How long a pool may take to fill (boots under TCG on a loaded host are slow).
 pub const POOL_FILL_LIMIT: Duration = Duration::from_secs(300);
 /// How long a factory may take to stop its VMs.
-const STOP_LIMIT: Duration = Duration::from_secs(90);
+pub const FACTORY_STOP_LIMIT: Duration = Duration::from_secs(90);
 
 /// A pool directory and the configuration (with `[factory]` naming it) its factory and
 /// the test's containerd both read, so that their VMs are of one pool key.
@@ -177,7 +177,7 @@ impl TestFactory {
     pub fn stop(&mut self) {
         if alive(self.pid) {
             signal(self.pid, Signal::SIGTERM);
-            if !wait_gone(self.pid, STOP_LIMIT) {
+            if !wait_gone(self.pid, FACTORY_STOP_LIMIT) {
                 signal(self.pid, Signal::SIGKILL);
                 wait_gone(self.pid, Duration::from_secs(10));
             }

@@ -19,8 +19,6 @@ use serde_json::Value;
 
 /// How many VMs the test factories keep ready.
 const POOL_SIZE: usize = 2;
-/// How long the factory may take to stop its VMs.
-const STOP_LIMIT: Duration = Duration::from_secs(90);
 /// The agent's vsock port (protocols::AGENT_VSOCK_PORT).
 const AGENT_PORT: u32 = 1024;
 
@@ -171,7 +169,7 @@ fn the_factory_keeps_vms_ready_refills_replaces_and_leaves_nothing_on_sigterm() 
     // SIGTERM: every ready VM stopped and removed, the factory gone, nothing left.
     assert!(signal(factory.pid, Signal::SIGTERM));
     assert!(
-        wait_gone(factory.pid, STOP_LIMIT),
+        wait_gone(factory.pid, FACTORY_STOP_LIMIT),
         "the factory did not stop on SIGTERM; its log:\n{}",
         factory.log()
     );
