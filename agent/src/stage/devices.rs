@@ -39,7 +39,7 @@ const DEFAULT_SYMLINKS: [(&str, &str); 5] = [
 /// Creates every node and link in `rootfs` (the guest path of the container's root).
 pub fn create_all(sync: BorrowedFd<'_>, rootfs: &Path, spec: &Spec) -> Result<(), StageError> {
     let spec_devices: &[Device] = spec.linux.as_ref().map_or(&[], |l| &l.devices);
-    paths::mkdir_in_root(rootfs, "/dev")?;
+    paths::dir_in_root(rootfs, "/dev")?;
     for (name, major, minor) in DEFAULT_DEVICES {
         let path = format!("/dev/{name}");
         if spec_devices.iter().any(|d| d.path == path) {
@@ -105,14 +105,19 @@ fn create(sync: BorrowedFd<'_>, rootfs: &Path, dev: &Device) -> Result<(), Stage
     }
     let kind = node_kind(dev)?;
     let mode = dev.file_mode.unwrap_or(0o666) & 0o7777;
-    let target = paths::resolve_in_root(rootfs, &dev.path)?;
-    if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent).map_err(|e| StageError::io("create directory", parent, e))?;
-        paths::checked(rootfs, parent)?;
-    }
-    if target.symlink_metadata().is_ok() {
+    let walk = paths::walk(rootfs, Path::new(&dev.path))?;
+    if walk.exists() {
         // Something is there already (from the image or a mount); keep it, like runc.
         return Ok(());
+    }
+    let target = walk.path.clone();
+    if let Some(parent) = target.parent() {
+        // mkdir on the existing /dev would ask the host each time (see paths).
+        if walk.parent_missing() {
+            fs::create_dir_all(parent)
+                .map_err(|e| StageError::io("create directory", parent, e))?;
+        }
+        paths::checked(rootfs, parent)?;
     }
     let major = u64::try_from(dev.major).map_err(|_| bad_number(dev))?;
     let minor = u64::try_from(dev.minor).map_err(|_| bad_number(dev))?;

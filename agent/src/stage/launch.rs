@@ -31,6 +31,10 @@ pub struct Launch<'a> {
     /// `process.user.uid`/`gid`, or what `username` resolved to in [`Launch::check_in_rootfs`].
     uid: u32,
     gid: u32,
+    /// `args[0]` as [`Launch::check_in_rootfs`] found it: resolved once, at create, as
+    /// runc does, so the start does not walk the container's PATH through the rootfs
+    /// share a second time.
+    exe: Option<PathBuf>,
 }
 
 impl<'a> Launch<'a> {
@@ -49,6 +53,7 @@ impl<'a> Launch<'a> {
             seccomp,
             uid: process.user.uid,
             gid: process.user.gid,
+            exe: None,
         })
     }
 
@@ -84,31 +89,32 @@ impl<'a> Launch<'a> {
             Err(e) => return Err(StageError::io("check process.cwd", &process.cwd, e)),
         }
         let arg0 = &process.args[0];
-        let problem = if arg0.contains('/') {
+        let found = if arg0.contains('/') {
             // A relative path is relative to the cwd, where execve will run.
             let path = Path::new(&process.cwd).join(arg0);
             match path.metadata() {
-                Err(_) => Some("no such file or directory"),
-                Ok(_) if !is_executable(&path) => Some("not an executable file"),
-                Ok(_) => None,
+                Err(_) => Err("no such file or directory"),
+                Ok(_) if !is_executable(&path) => Err("not an executable file"),
+                Ok(_) => Ok(PathBuf::from(arg0)),
             }
         } else {
-            resolve(arg0, process.path_env())
-                .is_none()
-                .then_some("no such executable file")
+            resolve(arg0, process.path_env()).ok_or("no such executable file")
         };
-        if let Some(problem) = problem {
-            return Err(StageError::CommandMissing {
-                arg0: arg0.clone(),
-                problem,
-                path_env: process.path_env().to_string(),
-            });
+        match found {
+            Ok(exe) => self.exe = Some(exe),
+            Err(problem) => {
+                return Err(StageError::CommandMissing {
+                    arg0: arg0.clone(),
+                    problem,
+                    path_env: process.path_env().to_string(),
+                })
+            }
         }
         Ok(self)
     }
 
     /// Turns this process into the container process; returns only on error.
-    pub fn exec(self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
+    pub fn exec(mut self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
         let process = self.process;
         if process.terminal {
             set_controlling_terminal()?;
@@ -158,10 +164,13 @@ impl<'a> Launch<'a> {
         ));
 
         let arg0 = &process.args[0];
-        let path = resolve(arg0, process.path_env()).ok_or_else(|| StageError::Exec {
-            arg0: arg0.clone(),
-            errno: Errno::ENOENT,
-        })?;
+        let path = match self.exe.take() {
+            Some(exe) => exe,
+            None => resolve(arg0, process.path_env()).ok_or_else(|| StageError::Exec {
+                arg0: arg0.clone(),
+                errno: Errno::ENOENT,
+            })?,
+        };
         let path_c = cstring(path.to_string_lossy().as_ref())?;
         let args = process
             .args
