@@ -63,7 +63,9 @@ def density_once(h, side, count=DENSITY, remove=True, detail=True, config=None):
         return {"ids": ids, "lost": lost, "all_running_ms": t_all, "mem_mib": used,
                 "mem_per_mib": used / len(running) if running else None,
                 "pss_per_mib": pss, "pss_per_less_tcg_mib": pss_less_tcg,
-                "mem_after_kib": after}
+                "mem_after_kib": after,
+                "cpu_per_ms": cpu * 1000 / count if t_all is not None and lost == 0
+                else None}
     h.remove(ids)
     left = [d for d in our_sandboxes() if any(d.endswith("/" + c) for c in ids)]
     deadline = time.monotonic() + 30

@@ -8,11 +8,13 @@ import time
 from .settings import PREFIX, SBS, VMDIR
 
 
-def pss_kib(pid):
+def pss_kib(pid, field="Pss"):
+    """A PSS figure of `pid` in KiB from smaps_rollup: all of it, or `field` ("Pss_File":
+    the page cache of files it maps, shared with every process mapping the same files)."""
     try:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             for line in f:
-                if line.startswith("Pss:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None

@@ -31,13 +31,19 @@ def kata_pss(cid, kids):
         name = os.path.basename((cmdline(h) or [""])[0])
         role = "virtiofsd" if "virtiofsd" in name else "vsock"
         roles[role] += with_descendants(h, kids)
+    files = res.get("qemu_files") or 0
     for role, pids in roles.items():
         vals = [pss_kib(p) for p in pids if p > 0]
         vals = [v for v in vals if v is not None]
         res[role] = sum(vals) / 1024 if vals else None
+        if role != "qemu":
+            files += sum(pss_kib(p, "Pss_File") or 0 for p in pids if p > 0) / 1024
     res["sum"] = sum(res.get(k) or 0 for k in ("shim", "qemu", "virtiofsd", "vsock"))
     # What the same sandbox would cost under KVM, which has no translation cache.
     res["sum_without_tcg_cache"] = res["sum"] - (res.get("qemu_tcg_cache") or 0)
+    # Every process's mapped files (binaries, libraries, the guest kernel and initrd): page
+    # cache that every sandbox on the host shares, so a sandbox more adds only the rest.
+    res["files_all"] = files
     return res
 
 
@@ -176,6 +182,13 @@ def add_rows(R, mem, after=(), floor=()):
           "the same, each side's QEMU also less its mapped files, whose PSS depends on how "
           "many other QEMUs map them at the moment (on a shared host, not the same for both)",
           kata=[m["sum_without_tcg_cache"] - (m.get("qemu_files") or 0)
+                - (f["sum"] - f["tcg_cache"] - f["files"]) for m, f in pairs], single=True)
+    R.add(sec, "pss_minus_floor_private_mib", "  and without any process's mapped files",
+          "MiB", "the same, each side also less the mapped files of every process (the "
+          "shim's, virtiofsd's and the vsock backend's binaries and libraries: Pss_File of "
+          "smaps_rollup): what one sandbox more adds on a host where many run, as their "
+          "text pages are shared page cache",
+          kata=[m["sum_without_tcg_cache"] - m["files_all"]
                 - (f["sum"] - f["tcg_cache"] - f["files"]) for m, f in pairs], single=True)
     if not mem:
         R.notes.append("memory: persist.json could not be read; no PSS figures")

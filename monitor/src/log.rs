@@ -35,9 +35,10 @@ pub fn enabled(level: u8) -> bool {
 fn logger() -> &'static slog::Logger {
     static LOGGER: OnceLock<slog::Logger> = OnceLock::new();
     LOGGER.get_or_init(|| {
-        let json = slog_json::Json::new(std::io::stderr())
-            .add_default_keys()
-            .build();
+        // A record goes out in one write(2), not token by token, so that the lines of
+        // the monitor's threads and of whatever shares its stderr stay whole.
+        let out = std::io::LineWriter::with_capacity(16 * 1024, std::io::stderr());
+        let json = slog_json::Json::new(out).add_default_keys().build();
         slog::Logger::root(
             std::sync::Mutex::new(json).fuse(),
             slog::o!("source" => "kata-monitor"),

@@ -2,7 +2,7 @@
 //! copies into its own log. Every line names the sandbox.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{LineWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,17 +10,27 @@ use std::sync::{Arc, Mutex};
 
 use slog::{o, Drain, Logger};
 
-/// Writes to the fifo if it could be opened, else nowhere (a shim must never block on
-/// its own logging).
-struct Sink(Mutex<Option<File>>);
+/// Room for one record: slog-json writes a record token by token, and a record goes out in
+/// one write(2) if it fits.
+const RECORD_BYTES: usize = 16 * 1024;
 
-impl Write for &Sink {
+/// Writes to the fifo if it could be opened, else nowhere (a shim must never block on
+/// its own logging). A record is held until its newline and written whole: containerd
+/// copies each shim's fifo into its one log as it reads it, so a record that reached the
+/// fifo in pieces could be cut by another shim's lines when many shims log at once.
+struct Sink<W: Write>(Option<LineWriter<W>>);
+
+impl<W: Write> Sink<W> {
+    fn new(out: Option<W>) -> Sink<W> {
+        Sink(out.map(|w| LineWriter::with_capacity(RECORD_BYTES, w)))
+    }
+}
+
+impl<W: Write> Write for Sink<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut g) = self.0.lock() {
-            if let Some(f) = g.as_mut() {
-                if f.write_all(buf).is_err() {
-                    *g = None;
-                }
+        if let Some(f) = self.0.as_mut() {
+            if f.write_all(buf).is_err() {
+                self.0 = None;
             }
         }
         Ok(buf.len())
@@ -28,6 +38,12 @@ impl Write for &Sink {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// JSON lines on stderr, one write(2) per record (see `Sink`), for the shim's daemons
+/// whose stderr is their log.
+pub fn stderr_lines() -> impl Write + Send + 'static {
+    Sink::new(Some(std::io::stderr()))
 }
 
 /// Turns debug lines on at run time (the config file can enable them after start).
@@ -59,9 +75,17 @@ pub fn open_fifo_writer(path: &Path) -> Option<File> {
 
 /// Opens `path` (containerd holds its read side) and builds the root logger.
 pub fn fifo_logger(path: &Path, sandbox_id: &str, debug: &DebugSwitch) -> Logger {
-    let file = open_fifo_writer(path);
-    let sink: &'static Sink = Box::leak(Box::new(Sink(Mutex::new(file))));
-    let json = slog_json::Json::new(sink).add_default_keys().build();
+    logger_into(open_fifo_writer(path), sandbox_id, debug)
+}
+
+fn logger_into<W: Write + Send + 'static>(
+    out: Option<W>,
+    sandbox_id: &str,
+    debug: &DebugSwitch,
+) -> Logger {
+    let json = slog_json::Json::new(Sink::new(out))
+        .add_default_keys()
+        .build();
     let switch = debug.0.clone();
     let drain = slog::Filter::new(json, move |r: &slog::Record| {
         r.level().is_at_least(slog::Level::Info) || switch.load(Ordering::Relaxed)
@@ -70,4 +94,70 @@ pub fn fifo_logger(path: &Path, sandbox_id: &str, debug: &DebugSwitch) -> Logger
         Mutex::new(drain).fuse(),
         o!("source" => "kata-shim", "sandbox" => sandbox_id.to_string()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slog::info;
+
+    /// Every write(2) the logger makes, as it made it.
+    #[derive(Clone, Default)]
+    struct Calls(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_record_reaches_the_fifo_in_one_write() {
+        let calls = Calls::default();
+        let log = logger_into(Some(calls.clone()), "sb1", &DebugSwitch::default());
+        info!(log, "VM claimed from pool"; "phase" => "VM claimed from pool", "vm" => "pool-1");
+        info!(log, "second"; "text" => "a\nb");
+        let got = calls.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 2, "one write per record: {got:?}");
+        for (w, msg) in got.iter().zip(["VM claimed from pool", "second"]) {
+            assert_eq!(w.last(), Some(&b'\n'));
+            let v: serde_json::Value = serde_json::from_slice(w).unwrap();
+            assert_eq!(v["msg"], msg);
+            assert_eq!(v["sandbox"], "sb1");
+        }
+    }
+
+    #[test]
+    fn debug_lines_follow_the_switch() {
+        let calls = Calls::default();
+        let switch = DebugSwitch::default();
+        let log = logger_into(Some(calls.clone()), "sb1", &switch);
+        slog::debug!(log, "hidden");
+        switch.set(true);
+        slog::debug!(log, "shown");
+        let got = calls.0.lock().unwrap().concat();
+        let text = String::from_utf8(got).unwrap();
+        assert!(!text.contains("hidden") && text.contains("shown"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_write_stops_logging_without_failing_the_caller() {
+        struct Broken;
+        impl Write for Broken {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut sink = Sink::new(Some(Broken));
+        assert_eq!(sink.write(b"{}\n").unwrap(), 3);
+        assert!(sink.0.is_none());
+        assert_eq!(sink.write(b"{}\n").unwrap(), 3);
+    }
 }

@@ -130,7 +130,7 @@ fn load(path: Option<&Path>) -> Result<kata_config::Config, String> {
 
 /// The daemon's log: JSON lines on stderr.
 fn stderr_logger() -> Logger {
-    let json = slog_json::Json::new(std::io::stderr())
+    let json = slog_json::Json::new(crate::log::stderr_lines())
         .add_default_keys()
         .build();
     Logger::root(
