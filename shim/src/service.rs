@@ -13,6 +13,7 @@ use containerd_shim::{Config, Error as ShimError, Flags, StartOpts};
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::MessageField;
 use slog::{info, o, warn, Logger};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::events::{timestamp, Events};
 use crate::launch::VmLauncher;
@@ -34,6 +35,10 @@ pub struct Service {
     /// Whether the sandbox is gone, once the Task service exists.
     idle: OnceLock<IdleProbe>,
     log: OnceLock<Logger>,
+    /// SIGTERM, listened for from the daemon's start: the containerd-shim crate catches
+    /// SIGTERM and drops it, so one sent before `wait` listened (right after `shim.pid`
+    /// and the socket appear) would be lost and the daemon would never end.
+    term: std::sync::Mutex<Option<Signal>>,
 }
 
 /// The shim socket of the sandbox whose bundle is the current directory: the bundle's
@@ -122,6 +127,12 @@ impl Shim for Service {
             exit: Arc::new(ExitSignal::default()),
             idle: OnceLock::new(),
             log: OnceLock::new(),
+            // Only the daemon listens: `delete` keeps SIGTERM's default action.
+            term: std::sync::Mutex::new(if args.socket.is_empty() {
+                None
+            } else {
+                signal(SignalKind::terminate()).ok()
+            }),
         }
     }
 
@@ -170,8 +181,8 @@ impl Shim for Service {
     async fn wait(&mut self) {
         // SIGTERM ends a daemon whose sandbox is gone (or never came); one with a live
         // sandbox serves on until containerd removes it.
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let early = self.term.lock().ok().and_then(|mut t| t.take());
+        let mut term = early.or_else(|| signal(SignalKind::terminate()).ok());
         loop {
             tokio::select! {
                 _ = self.exit.wait() => break,

@@ -235,6 +235,28 @@ fn containerd_2_3_start_answers_a_bootstrap_result_in_its_socket_dir() {
     serves_then_ends_on_sigterm(&b, &address);
 }
 
+/// containerd may end a daemon it no longer needs as soon as its start has answered: a
+/// SIGTERM in the first moments of the daemon's life (before it waits for its end) ends it
+/// as one later does.
+#[test]
+fn a_sigterm_right_after_the_start_ends_the_daemon() {
+    for n in 0..20 {
+        let b = Bundle::new(&format!("start-term-{n}"), serde_json::json!({}));
+        let _reaper = ShimReaper(b.id.clone());
+        let out = b.start(&[]);
+        assert!(out.status.success(), "start: {}", stderr(&out));
+        let pid: i32 = b
+            .file("shim.pid")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("shim.pid");
+        signal(pid, Signal::SIGTERM);
+        assert!(
+            wait_gone(pid, Duration::from_secs(10)),
+            "start {n}: the daemon without a sandbox survived a SIGTERM sent as its start answered"
+        );
+    }
+}
+
 #[test]
 fn garbage_on_stdin_is_ignored_and_the_start_works() {
     let b = Bundle::new("start-garbage", serde_json::json!({}));
