@@ -8,17 +8,23 @@ import time
 from .settings import PREFIX, SBS, VMDIR
 
 
-def pss_kib(pid, field="Pss"):
-    """A PSS figure of `pid` in KiB from smaps_rollup: all of it, or `field` ("Pss_File":
-    the page cache of files it maps, shared with every process mapping the same files)."""
+def rollup_kib(pid):
+    """`pid`'s smaps_rollup figures in KiB by name ("Pss"; "Pss_File": the page cache of
+    files it maps, shared with every process mapping the same files), or None."""
+    out = {}
     try:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    out[parts[0].rstrip(":")] = int(parts[1])
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    return None
+    return out
+
+
+def pss_kib(pid):
+    return (rollup_kib(pid) or {}).get("Pss")
 
 
 def children_map():

@@ -7,7 +7,8 @@ import re
 import subprocess
 import time
 
-from .host import children_map, cmdline, pss_kib, qemu_memory_kib, sandbox_state, with_descendants
+from .host import children_map, cmdline, pss_kib, qemu_memory_kib, rollup_kib, sandbox_state, \
+    with_descendants
 from .procs import kill_group, reap, spawn
 from .settings import RUNS, log
 from .startup import floor_cmd
@@ -33,11 +34,10 @@ def kata_pss(cid, kids):
         roles[role] += with_descendants(h, kids)
     files = res.get("qemu_files") or 0
     for role, pids in roles.items():
-        vals = [pss_kib(p) for p in pids if p > 0]
-        vals = [v for v in vals if v is not None]
-        res[role] = sum(vals) / 1024 if vals else None
+        rollups = [r for r in (rollup_kib(p) for p in pids if p > 0) if r and "Pss" in r]
+        res[role] = sum(r["Pss"] for r in rollups) / 1024 if rollups else None
         if role != "qemu":
-            files += sum(pss_kib(p, "Pss_File") or 0 for p in pids if p > 0) / 1024
+            files += sum(r.get("Pss_File", 0) for r in rollups) / 1024
     res["sum"] = sum(res.get(k) or 0 for k in ("shim", "qemu", "virtiofsd", "vsock"))
     # What the same sandbox would cost under KVM, which has no translation cache.
     res["sum_without_tcg_cache"] = res["sum"] - (res.get("qemu_tcg_cache") or 0)

@@ -38,7 +38,7 @@ pub struct Service {
     /// SIGTERM, listened for from the daemon's start: the containerd-shim crate catches
     /// SIGTERM and drops it, so one sent before `wait` listened (right after `shim.pid`
     /// and the socket appear) would be lost and the daemon would never end.
-    term: std::sync::Mutex<Option<Signal>>,
+    term: Option<Signal>,
 }
 
 /// The shim socket of the sandbox whose bundle is the current directory: the bundle's
@@ -128,11 +128,11 @@ impl Shim for Service {
             idle: OnceLock::new(),
             log: OnceLock::new(),
             // Only the daemon listens: `delete` keeps SIGTERM's default action.
-            term: std::sync::Mutex::new(if args.socket.is_empty() {
+            term: if args.socket.is_empty() {
                 None
             } else {
                 signal(SignalKind::terminate()).ok()
-            }),
+            },
         }
     }
 
@@ -181,8 +181,7 @@ impl Shim for Service {
     async fn wait(&mut self) {
         // SIGTERM ends a daemon whose sandbox is gone (or never came); one with a live
         // sandbox serves on until containerd removes it.
-        let early = self.term.lock().ok().and_then(|mut t| t.take());
-        let mut term = early.or_else(|| signal(SignalKind::terminate()).ok());
+        let mut term = self.term.take();
         loop {
             tokio::select! {
                 _ = self.exit.wait() => break,
