@@ -572,10 +572,12 @@ if [[ " $HANDLERS " == *" runc "* && " $HANDLERS " == *" kata "* ]]; then
         echo "FAIL: ${#unexpected[@]} specs passed with runc and failed with kata:"
         for name in "${unexpected[@]}"; do
             echo "  - $name"
-            # The spec's failure as critest reported it.
+            # The spec's failure as critest reported it, whole: the cause (a VMM's or a
+            # helper's own words) comes after the sandbox id and the CRI's wrapping, and a
+            # CI log may be all there is to read.
             jq -r --arg n "$name" '.[].SpecReports[]? | select(.LeafNodeType == "It")
                 | select(((.ContainerHierarchyTexts + [.LeafNodeText]) | join(" ")) == $n)
-                | "      \(.Failure.Location.FileName | split("/") | last):\(.Failure.Location.LineNumber): \(.Failure.Message | gsub("\n"; " ") | .[0:400])"' \
+                | "      \(.Failure.Location.FileName | split("/") | last):\(.Failure.Location.LineNumber): \(.Failure.Message | gsub("\\s+"; " ") | .[0:1500])"' \
                 "$LOG_DIR/kata.json"
         done
         status=1

@@ -524,7 +524,13 @@ impl From<Wait> for Error {
     }
 }
 
-/// Waits until every socket exists, the process dies, or the deadline passes.
+/// Waits until something listens on every socket, the process dies, or the deadline
+/// passes.
+///
+/// The socket's file is not enough: a daemon's bind(2) makes it, and only its listen(2),
+/// a step later, makes a connection to it succeed. A VMM started in between fails with
+/// ECONNREFUSED (a daemon preempted between the two on a loaded host did this: QEMU found
+/// virtiofsd's socket and could not connect).
 pub(crate) async fn wait_for_sockets(
     d: &Daemon<'_>,
     pid: i32,
@@ -541,18 +547,27 @@ pub(crate) async fn wait_for_sockets(
     // A daemon makes its socket within a few tens of milliseconds, and the VM's start
     // waits on it: look often at first, then less often.
     let mut pause = Duration::from_millis(1);
+    let mut made = false;
     loop {
         if sockets.iter().all(|s| s.exists()) {
-            return Ok(());
+            made = true;
+            if listening(pid, sockets) {
+                return Ok(());
+            }
         }
         if let Some(how) = exit_description(pid) {
             return Err(Wait::Died(
-                d.failed(format!("it {how} before creating {}", names())),
+                d.failed(format!("it {how} before listening on {}", names())),
             ));
         }
         if Instant::now() >= deadline {
+            let what = if made {
+                "exist, but nothing listened on them"
+            } else {
+                "did not appear"
+            };
             return Err(Wait::Timeout(d.failed(format!(
-                "{} did not appear within {} s",
+                "{} {what} within {} s",
                 names(),
                 DAEMON_READY_TIMEOUT.as_secs()
             ))));
@@ -560,6 +575,51 @@ pub(crate) async fn wait_for_sockets(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(POLL);
     }
+}
+
+/// Whether a listening unix socket is bound at each of `paths`, by the kernel's socket
+/// tables of this process's network namespace and of `pid`'s. Both: a daemon's socket
+/// belongs to the namespace it was made in, which is ours when it binds before entering
+/// a namespace of its own (virtiofsd) and its own when it was started in one (the
+/// confined vsock backend). True when neither table can be read (no /proc): the file's
+/// existence is then all there is to go by.
+fn listening(pid: i32, paths: &[&Path]) -> bool {
+    let tables: Vec<String> = [
+        "/proc/self/net/unix".to_string(),
+        format!("/proc/{pid}/net/unix"),
+    ]
+    .iter()
+    .filter_map(|t| std::fs::read_to_string(t).ok())
+    .collect();
+    if tables.is_empty() {
+        return true;
+    }
+    paths.iter().all(|path| {
+        let Some(path) = path.to_str() else {
+            return true;
+        };
+        tables.iter().any(|t| listens_in(t, path))
+    })
+}
+
+/// Whether the table (the text of `/proc/net/unix`) has a listening socket bound at
+/// `path`. Each line: address, refcount, protocol, flags, type, state, inode, then the
+/// path after one space (it may hold spaces); a listening socket has __SO_ACCEPTCON
+/// (0x10000) in its flags.
+fn listens_in(table: &str, path: &str) -> bool {
+    const SO_ACCEPTCON: u32 = 1 << 16;
+    table.lines().skip(1).any(|line| {
+        let mut rest = line;
+        let mut fields = [""; 7];
+        for field in &mut fields {
+            rest = rest.trim_start_matches(' ');
+            let end = rest.find(' ').unwrap_or(rest.len());
+            *field = &rest[..end];
+            rest = &rest[end..];
+        }
+        rest.strip_prefix(' ') == Some(path)
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & SO_ACCEPTCON != 0)
+    })
 }
 
 /// How long a VMM and its helpers get between SIGTERM and SIGKILL. None: nothing of a
@@ -649,6 +709,71 @@ mod tests {
             .spawn()
             .map(|c| c.id() as i32)
             .unwrap()
+    }
+
+    #[test]
+    fn a_socket_listens_by_its_flags_in_the_table() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01  1234 /run/vc/vm/a/fs.sock\n\
+            0000000000000000: 00000002 00000000 00000000 0001 01 56789 /run/vc/vm/b/fs.sock\n\
+            0000000000000000: 00000003 00000000 00000000 0001 03 99999 \n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 77777 /run/a dir/x.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 88888 @abstract\n";
+        assert!(listens_in(table, "/run/vc/vm/a/fs.sock"));
+        // Bound, not yet listening: connect(2) would be refused.
+        assert!(!listens_in(table, "/run/vc/vm/b/fs.sock"));
+        assert!(listens_in(table, "/run/a dir/x.sock"));
+        assert!(!listens_in(table, "/run/a"));
+        assert!(!listens_in(table, "/run/vc/vm/a/fs.sock.pid"));
+        assert!(!listens_in("", "/run/vc/vm/a/fs.sock"));
+    }
+
+    /// A daemon that has bound its socket but not yet listened on it is not ready: the
+    /// wait returns only once a connection would succeed.
+    #[tokio::test]
+    async fn the_wait_for_a_socket_ends_when_it_listens_not_when_it_exists() {
+        use nix::sys::socket::{
+            bind, connect, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("daemon.sock");
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(sock.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        assert!(path.exists());
+        let stand_in = spawn("exec sleep 30");
+        let daemon = Daemon {
+            step: "a daemon",
+            program: Path::new("sleep"),
+            args: Vec::new(),
+            env: Vec::new(),
+            log: dir.path().join("daemon.log"),
+            place: Place::default(),
+        };
+        let listens_at = Instant::now() + Duration::from_millis(300);
+        let listener = std::thread::spawn(move || {
+            std::thread::sleep(listens_at.saturating_duration_since(Instant::now()));
+            listen(&sock, Backlog::new(8).unwrap()).unwrap();
+            sock
+        });
+        let waited = wait_for_sockets(&daemon, stand_in, &[&path]).await;
+        assert!(waited.is_ok(), "the wait failed");
+        assert!(Instant::now() >= listens_at, "ready before it listened");
+        let client = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        connect(client.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        drop(listener.join().unwrap());
+        assert!(kill_and_reap(&[stand_in], Duration::from_secs(2)).is_empty());
     }
 
     #[test]

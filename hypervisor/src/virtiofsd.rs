@@ -82,7 +82,7 @@ impl Virtiofsd<'_> {
         args
     }
 
-    /// Starts virtiofsd, confined (see [`CONFINEMENT`]), and waits for its socket. Its pid
+    /// Starts virtiofsd, confined (see [`CONFINEMENT`]), and waits until it listens. Its pid
     /// goes to `started` as soon as it exists, so that a failure can stop it.
     pub async fn start(&self, logger: &Logger, started: &mut Vec<i32>) -> Result<(), Error> {
         let daemon = Daemon {
@@ -174,7 +174,7 @@ impl<'a> Shares<'a> {
         }
     }
 
-    /// Starts the virtiofsds side by side and waits for their sockets. Each pid goes to
+    /// Starts the virtiofsds side by side and waits until both listen. Each pid goes to
     /// `share_pids` or `rootfs_pids` (the caller's) as soon as it exists, so that the
     /// caller can stop it after an error, or after dropping this future midway (a
     /// helper started beside these failed first).

@@ -144,7 +144,7 @@ async fn dying_vsock_backend_is_reported_with_its_log() {
     eprintln!("{err}");
     assert!(
         err.starts_with(
-            "starting the vsock backend failed: it exited with status 2 before creating"
+            "starting the vsock backend failed: it exited with status 2 before listening on"
         ),
         "{err}"
     );

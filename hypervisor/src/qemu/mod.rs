@@ -178,7 +178,7 @@ impl Qemu {
         .await
     }
 
-    /// Starts the vhost-user vsock backend and waits for its two sockets.
+    /// Starts the vhost-user vsock backend and waits until it listens on its two sockets.
     async fn start_vsock_backend(
         &self,
         cfg: &VmConfig,
