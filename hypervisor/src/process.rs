@@ -547,13 +547,10 @@ pub(crate) async fn wait_for_sockets(
     // A daemon makes its socket within a few tens of milliseconds, and the VM's start
     // waits on it: look often at first, then less often.
     let mut pause = Duration::from_millis(1);
-    let mut made = false;
+    let made = || sockets.iter().all(|s| s.exists());
     loop {
-        if sockets.iter().all(|s| s.exists()) {
-            made = true;
-            if listening(pid, sockets) {
-                return Ok(());
-            }
+        if made() && listening(pid, sockets) {
+            return Ok(());
         }
         if let Some(how) = exit_description(pid) {
             return Err(Wait::Died(
@@ -561,7 +558,7 @@ pub(crate) async fn wait_for_sockets(
             ));
         }
         if Instant::now() >= deadline {
-            let what = if made {
+            let what = if made() {
                 "exist, but nothing listened on them"
             } else {
                 "did not appear"
@@ -584,22 +581,24 @@ pub(crate) async fn wait_for_sockets(
 /// confined vsock backend). True when neither table can be read (no /proc): the file's
 /// existence is then all there is to go by.
 fn listening(pid: i32, paths: &[&Path]) -> bool {
-    let tables: Vec<String> = [
+    // A name that is not UTF-8 cannot be matched in a table: its file is all there is.
+    let mut missing: Vec<&str> = paths.iter().filter_map(|p| p.to_str()).collect();
+    let mut readable = false;
+    for table in [
         "/proc/self/net/unix".to_string(),
         format!("/proc/{pid}/net/unix"),
-    ]
-    .iter()
-    .filter_map(|t| std::fs::read_to_string(t).ok())
-    .collect();
-    if tables.is_empty() {
-        return true;
-    }
-    paths.iter().all(|path| {
-        let Some(path) = path.to_str() else {
-            return true;
+    ] {
+        // The daemon's table is read only when ours lacks a socket.
+        if missing.is_empty() {
+            break;
+        }
+        let Ok(text) = std::fs::read_to_string(&table) else {
+            continue;
         };
-        tables.iter().any(|t| listens_in(t, path))
-    })
+        readable = true;
+        missing.retain(|p| !listens_in(&text, p));
+    }
+    missing.is_empty() || !readable
 }
 
 /// Whether the table (the text of `/proc/net/unix`) has a listening socket bound at
