@@ -94,6 +94,9 @@ mkdir -p -- "$CACHE" "$LOG_DIR"
 
 # shellcheck source=find-go.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/find-go.sh"
+# shellcheck source=cri-lib.sh
+CRI_LIB_CACHE=$CACHE
+. "$here/cri-lib.sh"
 
 # ---- critest, crictl (and ginkgo for --parallel) from the Go module proxy, cached ----
 TOOLS=$CACHE/$CRITEST_VERSION
@@ -137,48 +140,6 @@ build_tools() {
     done
     log "built ${need[*]} in $((SECONDS - start)) s"
     flock -u 8
-}
-
-# ---- Debian packages unpacked into the cache, never installed: docker-registry (its
-# package would start a system service listening on every address) and busybox, the
-# dynamically linked build (it conflicts with busybox-static, which the host keeps) ----
-# Unpacks Debian package NAME (VERSION, or the candidate) into $CACHE/deb-NAME; prints the dir.
-debian_package() { # NAME [VERSION]
-    local name=$1 version=${2:-} dest=$CACHE/deb-$1 tmp spec deb
-    if [ -f "$dest/.version" ] && { [ -z "$version" ] || [ "$(cat "$dest/.version")" = "$version" ]; }; then
-        echo "$dest"
-        return 0
-    fi
-    spec=$name${version:+=$version}
-    tmp=$(mktemp -d "$CACHE/.deb.XXXXXX")
-    log "fetching Debian's $spec"
-    if ! (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "$spec") >&2; then
-        apt-get update -qq >&2 || true
-        (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "$spec") >&2 ||
-            { rm -rf "$tmp"; die "apt-get download $spec failed"; }
-    fi
-    deb=$(ls "$tmp"/*.deb)
-    mkdir -p "$tmp/root"
-    dpkg-deb -x "$deb" "$tmp/root"
-    dpkg-deb -f "$deb" Version >"$tmp/root/.version"
-    rm -rf "$dest"
-    mv "$tmp/root" "$dest"
-    rm -rf "$tmp"
-    echo "$dest"
-}
-
-# ---- the test images, cached by the hash of what makes them ----
-build_images() {
-    local key
-    key=$( (sha256sum "$here/critest-images.sh" "$here/oci-archive.sh" "$here/critest-nginx.c" \
-        "$here/critest-nnp.c" "$here/pause.c" "$here/pause-image.sh" "$KATA_IMAGE" "$SHELL_BUSYBOX" \
-        "$(command -v pgrep)" "$(command -v ipcs)" | cut -d' ' -f1) | sha256sum | cut -c1-16)
-    IMAGES=$CACHE/images-$key
-    [ -f "$IMAGES/images.list" ] && return 0
-    rm -rf "$CACHE"/images-*
-    SHELL_BUSYBOX=$SHELL_BUSYBOX bash "$here/critest-images.sh" "$KATA_IMAGE" "$IMAGES.tmp" 2>"$LOG_DIR/images.log" ||
-        { tail -n 20 "$LOG_DIR/images.log" >&2; rm -rf "$IMAGES.tmp"; die "building the test images failed"; }
-    mv "$IMAGES.tmp" "$IMAGES"
 }
 
 # ---- run-time state, all undone by cleanup ----
@@ -232,11 +193,7 @@ cleanup() {
             done
         done
     fi
-    if [ -n "$REGISTRY_PID" ] && kill -0 "$REGISTRY_PID" 2>/dev/null; then
-        kill -TERM "$REGISTRY_PID"
-        for _ in $(seq 50); do kill -0 "$REGISTRY_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$REGISTRY_PID" 2>/dev/null
-    fi
+    stop_registry
     [ -e "/sys/class/net/$BRIDGE" ] && ip link del "$BRIDGE"
     # critest's host IPC specs make 1 MiB SysV segments on the host (ipcmk) and leave them.
     local shm
@@ -273,68 +230,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# A free TCP port on 127.0.0.1 in [FROM, FROM+100).
-free_port() {
-    local p
-    for p in $(seq "$1" $(($1 + 99))); do
-        [ -z "$(ss -Hltn "sport = :$p")" ] && { echo "$p"; return 0; }
-    done
-    die "no free port in $1..$(($1 + 99))"
-}
-
-start_registry() {
-    local port=$1
-    mkdir -p "$WORK/registry/data"
-    cat >"$WORK/registry/config.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $WORK/registry/data
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$port
-EOF
-    setsid "$REGISTRY_BIN" serve "$WORK/registry/config.yml" \
-        </dev/null >"$LOG_DIR/registry.log" 2>&1 &
-    REGISTRY_PID=$!
-    for _ in $(seq 100); do
-        curl -fsS -o /dev/null "http://127.0.0.1:$port/v2/" 2>/dev/null && return 0
-        kill -0 "$REGISTRY_PID" 2>/dev/null || { cat "$LOG_DIR/registry.log" >&2; die "the registry exited"; }
-        sleep 0.1
-    done
-    die "the registry did not answer on 127.0.0.1:$port (log: $LOG_DIR/registry.log)"
-}
-
-# Pushes the OCI layout archive FILE as REPOSITORY:TAG through the registry API.
-push() { # URL REPO:TAG FILE
-    local url=$1 name=${2%:*} tag=${2##*:} file=$3 dir digest manifest blob location
-    dir=$WORK/push/$(basename -- "$file" .tar)
-    if [ ! -d "$dir" ]; then
-        mkdir -p "$dir"
-        tar -xf "$file" -C "$dir"
-    fi
-    manifest=$(jq -r '.manifests[0].digest' "$dir/index.json")
-    for digest in $(jq -r '.config.digest, .layers[].digest' "$dir/blobs/sha256/${manifest#sha256:}"); do
-        blob=$dir/blobs/sha256/${digest#sha256:}
-        curl -fsS -o /dev/null -I "$url/v2/$name/blobs/$digest" 2>/dev/null && continue
-        location=$(curl -fsS -X POST -D - -o /dev/null "$url/v2/$name/blobs/uploads/" |
-            tr -d '\r' | sed -n 's/^[Ll]ocation: //p')
-        [ -n "$location" ] || die "registry: no upload location for $name"
-        case "$location" in /*) location=$url$location ;; esac
-        case "$location" in *\?*) location="$location&digest=$digest" ;; *) location="$location?digest=$digest" ;; esac
-        curl -fsS -o /dev/null -X PUT -H 'Content-Type: application/octet-stream' \
-            --data-binary "@$blob" "$location" || die "registry: uploading $digest of $name failed"
-    done
-    curl -fsS -o /dev/null -X PUT -H 'Content-Type: application/vnd.oci.image.manifest.v1+json' \
-        --data-binary "@$dir/blobs/sha256/${manifest#sha256:}" "$url/v2/$name/manifests/$tag" ||
-        die "registry: putting the manifest of $name:$tag failed"
-}
-
 # A /24 10.77.N.0 that no route and no other critest run uses.
 choose_subnet() {
     local routes n
@@ -345,31 +240,8 @@ choose_subnet() {
     die "no free 10.77.N.0/24"
 }
 
-# The kata runtimes of deploy/containerd/ for this containerd, ConfigPath of `kata` ours.
-kata_snippet() { # CONFIG_VERSION CONFIG_PATH
-    local snippet
-    # One snippet for config versions 3 (containerd 2.0-2.2) and 4 (2.3 on): the CRI's
-    # runtime tables are the same in both.
-    case $1 in
-    2) snippet=$repo/deploy/containerd/kata-containerd-1.x.toml ;;
-    *) snippet=$repo/deploy/containerd/kata-containerd-2.x.toml ;;
-    esac
-    [ -f "$snippet" ] || die "no deploy snippet for containerd config version $1"
-    awk -v path="$2" '
-        /^\[/ { in_kata = ($0 ~ /runtimes\.kata\.options\]$/) }
-        in_kata && /^[ \t]*ConfigPath[ \t]*=/ { sub(/=.*/, "= \"" path "\"") }
-        { print }' "$snippet"
-}
-
 # ---- set-up ----
 build_tools
-REGISTRY_BIN=$(debian_package docker-registry)/usr/bin/docker-registry
-[ -x "$REGISTRY_BIN" ] || die "Debian's docker-registry package has no $REGISTRY_BIN"
-# The same busybox release as the host's busybox-static (one source package).
-bb_version=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null) ||
-    die "busybox-static is not installed (scripts/setup-host.sh)"
-SHELL_BUSYBOX=$(debian_package busybox "$bb_version")/bin/busybox
-[ -x "$SHELL_BUSYBOX" ] || die "Debian's busybox package has no /bin/busybox"
 build_images
 
 mkdir -p "$WORK/cni/net.d" "$WORK/hosts" "$LOG_DIR"
@@ -381,18 +253,10 @@ done
 port=$(free_port 5100)
 start_registry "$port"
 registry=http://127.0.0.1:$port
-start=$SECONDS
-while read -r name file; do
-    push "$registry" "$name" "$IMAGES/$file"
-done <"$IMAGES/images.list"
-rm -rf "$WORK/push"
-log "registry 127.0.0.1:$port (pid $REGISTRY_PID): $(wc -l <"$IMAGES/images.list") images pushed in $((SECONDS - start)) s"
+push_images "$registry"
 
 # containerd resolves critest's registries to ours, by plain HTTP on the loopback.
-for host in gcr.io registry.k8s.io k8s.gcr.io; do
-    mkdir -p "$WORK/hosts/$host"
-    printf 'server = "%s"\n' "$registry" >"$WORK/hosts/$host/hosts.toml"
-done
+registry_hosts "$WORK/hosts" "$registry" gcr.io registry.k8s.io k8s.gcr.io
 
 subnet=$(choose_subnet)
 SUBNET=$subnet
@@ -429,7 +293,7 @@ kata_config=$WORK/configuration.toml
 } >"$kata_config"
 
 export PATH="$CONTAINERD_BIN:$KATA_SHIM_DIR:$PATH"
-cfgver=$(containerd --version | awk '{ v = $3; sub(/^v/, "", v); split(v, p, "."); if (p[1] == 1) print 2; else if (p[2] <= 2) print 3; else print 4 }')
+cfgver=$(containerd_config_version containerd)
 extra="[plugins.\"io.containerd.cri.v1.images\".registry]
   config_path = \"$WORK/hosts\""
 # Without CAP_SYS_RESOURCE (a host that is itself a container), runc cannot give the

@@ -28,7 +28,7 @@ fi
 
 PKGS=(containerd runc busybox-static linux-source-6.12 patch build-essential flex bison bc
       libelf-dev libssl-dev cpio xz-utils pkg-config libseccomp-dev libcap-ng-dev
-      iproute2 procps util-linux psmisc jq curl
+      iproute2 procps util-linux psmisc jq curl openssl bsdutils mount
       protobuf-compiler containernetworking-plugins iptables nftables
       prometheus)
 missing=()
