@@ -33,13 +33,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/k8s-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 n=$(ls "$out"/*.tar | wc -l)
 
-next() { n=$((n + 1)); echo "$out/$n.tar"; }
 
 # CoreDNS: the binary alone, as upstream's image.
 r=$work/coredns
 mkdir -p "$r/etc/coredns"
 install -m 0755 "$COREDNS_BIN" "$r/coredns"
-file=$(next)
+n=$((n + 1))
+file=$out/$n.tar
 oci_archive "$r" "$file" "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" \
     '{"Entrypoint":["/coredns"],"ExposedPorts":{"53/tcp":{},"53/udp":{}}}' \
     "k8s-images.sh: CoreDNS $COREDNS_VERSION" coredns etc
@@ -56,9 +56,15 @@ tar -xzf "$work/layout/blobs/sha256/${layer#sha256:}" -C "$work/tools"
 mkdir -p "$work/tools/usr/local/bin"
 "$CC" -static -Os -s -Wall -Wextra -Werror -o "$work/tools/usr/local/bin/usock" "$here/k8s-usock.c" ||
     die "compiling k8s-usock.c failed"
+# wget and nslookup of Debian's dynamically linked busybox (the image's /bin/sh): the
+# static build's crash or lack options (wget -T) in a container.
+for a in wget nslookup; do
+    ln -sf /bin/sh "$work/tools/usr/local/bin/$a"
+done
 "$CC" -static -Os -s -Wall -Wextra -Werror -o "$work/tools/usr/local/bin/inotify-watch" "$here/k8s-inotify.c" ||
     die "compiling k8s-inotify.c failed"
-file=$(next)
+n=$((n + 1))
+file=$out/$n.tar
 mapfile -t entries < <(ls -A "$work/tools")
 oci_archive "$work/tools" "$file" "registry.k8s.io/kata-k8s/tools:1" \
     '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["sh"]}' \

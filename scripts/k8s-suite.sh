@@ -97,6 +97,8 @@ KUBELET_VAR_CREATED=0
 [ -e /var/lib/kubelet ] || KUBELET_VAR_CREATED=1
 SBS_BEFORE=$(ls /run/vc/sbs 2>/dev/null | sort || true)
 NETNS_BEFORE=$(ls /var/run/netns 2>/dev/null | sort || true)
+KUBE_CHAINS_BEFORE=
+running=()  # the cases running (tests/k8s/cases.sh)
 
 CRI_LIB_CACHE=/var/cache/kata-critest
 # shellcheck source=cri-lib.sh
@@ -104,7 +106,9 @@ CRI_LIB_CACHE=/var/cache/kata-critest
 
 export KUBECONFIG=$WORK/admin.kubeconfig
 k() { kubectl --request-timeout=60s "$@"; }
-crictl_() { crictl --runtime-endpoint "unix://$SOCK" --image-endpoint "unix://$SOCK" --timeout 60s "$@"; }
+# crictl (built by scripts/critest.sh) removes what kubelet could not, when it is there.
+CRICTL=$(ls /var/cache/kata-critest/*/crictl 2>/dev/null | tail -n 1 || true)
+crictl_() { [ -n "$CRICTL" ] || return 1; "$CRICTL" --runtime-endpoint "unix://$SOCK" --image-endpoint "unix://$SOCK" --timeout 60s "$@"; }
 
 # The node's processes: each started in a session of its own, its pid in $WORK/pids/NAME
 # (a file, so that a case restarting kubelet or containerd in a subshell records the new
@@ -137,15 +141,22 @@ cleanup() {
     trap - EXIT INT TERM
     set +e
     log "cleaning up"
-    jobs -p | xargs -r kill -TERM 2>/dev/null
+    # Cases still running (an interrupted run), with their kubectl children.
+    local p
+    for p in "${running[@]}"; do
+        pkill -TERM -P "$p" 2>/dev/null
+        kill -TERM "$p" 2>/dev/null
+    done
     if [ -n "$(pid_of kube-apiserver)" ] && [ -n "$(pid_of kubelet)" ]; then
         # As a user would: namespaces deleted, kubelet stops and removes their pods.
         for ns in $(k get ns -o name 2>/dev/null | sed -n 's#^namespace/\(t-.*\)#\1#p'); do
             k delete ns "$ns" --wait=false >/dev/null 2>&1
         done
         k -n kube-system delete deploy coredns --wait=false >/dev/null 2>&1
+        k delete pods --all -A --wait=false >/dev/null 2>&1
+        # kubelet stops each pod's containers and its sandbox (a kata pod's VM with it).
         for _ in $(seq 90); do
-            [ "$(crictl_ pods -q 2>/dev/null | wc -l)" = 0 ] && break
+            [ -z "$(k get pods -A --no-headers 2>/dev/null)" ] && break
             sleep 1
         done
     fi
@@ -170,8 +181,10 @@ cleanup() {
     stop_proc kube-apiserver
     stop_proc etcd
     stop_registry
-    # kube-proxy's rules (its own clean-up mode), then CNI's host port rules of our network.
+    # kube-proxy's rules (its own clean-up mode), kubelet's chains, then CNI's host port
+    # rules of our network.
     kube-proxy --cleanup >/dev/null 2>&1
+    remove_new_kube_chains
     local rule chain
     iptables -t nat -S CNI-HOSTPORT-DNAT 2>/dev/null | grep -F "dnat name: \\\"$NETNAME\\\"" |
         while IFS= read -r rule; do
@@ -201,6 +214,32 @@ cleanup() {
     exit "$status"
 }
 
+# The KUBE-* iptables chains of each table, "CMD TABLE CHAIN" per line: kubelet makes its
+# own (KUBE-FIREWALL, KUBE-KUBELET-CANARY), which kube-proxy --cleanup leaves.
+kube_chains() {
+    local cmd t
+    for cmd in iptables ip6tables; do
+        command -v "$cmd" >/dev/null || continue
+        for t in filter nat mangle; do
+            "$cmd" -t "$t" -S 2>/dev/null | awk -v c="$cmd" -v t="$t" '/^-N KUBE-/ { print c, t, $2 }'
+        done
+    done
+}
+# Removes the KUBE-* chains this run made (and the rules that jump to them).
+remove_new_kube_chains() {
+    local cmd t chain rule
+    kube_chains | while read -r cmd t chain; do
+        grep -qxF "$cmd $t $chain" <<<"$KUBE_CHAINS_BEFORE" && continue
+        "$cmd" -t "$t" -S 2>/dev/null | grep -E -- "-j $chain( |\$)" | while IFS= read -r rule; do
+            eval "$cmd -t $t ${rule/#-A /-D }"
+        done
+        "$cmd" -t "$t" -F "$chain" 2>/dev/null
+    done
+    kube_chains | while read -r cmd t chain; do
+        grep -qxF "$cmd $t $chain" <<<"$KUBE_CHAINS_BEFORE" || "$cmd" -t "$t" -X "$chain" 2>/dev/null
+    done
+}
+
 # What a run must not leave: processes of ours, mounts, network namespaces, sandboxes.
 leftovers() {
     local left=() p
@@ -210,13 +249,16 @@ leftovers() {
     grep -F "$WORK" /proc/self/mountinfo >/dev/null && left+=("mounts under $WORK")
     [ "$(ls /run/vc/sbs 2>/dev/null | sort)" = "$SBS_BEFORE" ] || left+=("/run/vc/sbs: $(ls /run/vc/sbs | tr '\n' ' ')")
     [ "$(ls /var/run/netns 2>/dev/null | sort)" = "$NETNS_BEFORE" ] || left+=("network namespaces: $(ls /var/run/netns | tr '\n' ' ')")
+    [ "$(kube_chains)" = "$KUBE_CHAINS_BEFORE" ] || left+=("iptables chains: $(kube_chains | tr '\n' ' ')")
+    ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("the bridge $BRIDGE")
     if [ ${#left[@]} -gt 0 ]; then
         echo "$prog: LEFT BEHIND:" >&2
         printf '  - %s\n' "${left[@]}" >&2
         return 1
     fi
-    echo "$prog: nothing left behind (processes, mounts, network namespaces, sandboxes)" >&2
+    echo "$prog: nothing left behind (processes, mounts, network namespaces, sandboxes, iptables chains, the bridge)" >&2
 }
+KUBE_CHAINS_BEFORE=$(kube_chains)
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM

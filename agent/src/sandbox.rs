@@ -232,6 +232,7 @@ impl Sandbox {
         let resources = spec.linux.as_ref().and_then(|l| l.resources.as_ref());
         if let Some(root) = &self.cgroups {
             made.cgroup = Some(self.create_cgroup(root, id, resources).await?);
+            spec::own_cgroup_namespace(&mut spec);
         }
         let config = StageConfig {
             mode: StageMode::Create {

@@ -36,6 +36,21 @@ pub enum SpecError {
     UnknownNamespace { index: usize, typ: String },
 }
 
+/// Gives the container a cgroup namespace of its own when its spec names none, so that the
+/// guest's cgroup v2 file system shows the container its own cgroup at `/sys/fs/cgroup`
+/// (its `memory.max`, `cpu.max`: what the JVM, Go and nginx size themselves by). containerd
+/// adds one only on a cgroup v2 host; on a v1 host runc binds the container's own cgroup
+/// directories there instead. Either way the container sees its own cgroup, and so here.
+pub fn own_cgroup_namespace(spec: &mut Spec) {
+    let linux = spec.linux.get_or_insert_with(Default::default);
+    if !linux.namespaces.iter().any(|n| n.typ == "cgroup") {
+        linux.namespaces.push(Namespace {
+            typ: "cgroup".into(),
+            path: None,
+        });
+    }
+}
+
 /// The namespace types `linux.namespaces` may name (the stage creates or joins each).
 pub const NAMESPACE_TYPES: &[&str] = &["pid", "network", "mount", "ipc", "uts", "user", "cgroup"];
 
@@ -274,6 +289,28 @@ fn validate_namespaces(namespaces: &[Namespace]) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_gets_a_cgroup_namespace_of_its_own_unless_its_spec_names_one() {
+        let mut bare =
+            Spec::from_json(br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"/r"}}"#)
+                .expect("spec");
+        own_cgroup_namespace(&mut bare);
+        let ns = &bare.linux.as_ref().expect("linux").namespaces;
+        assert_eq!(ns.len(), 1);
+        assert_eq!(
+            (ns[0].typ.as_str(), ns[0].path.as_deref()),
+            ("cgroup", None)
+        );
+
+        let json = br#"{"process":{"args":["sh"],"cwd":"/"},"root":{"path":"/r"},
+            "linux":{"namespaces":[{"type":"pid"},{"type":"cgroup","path":"/p"}]}}"#;
+        let mut named = Spec::from_json(json).expect("spec");
+        own_cgroup_namespace(&mut named);
+        let ns = &named.linux.as_ref().expect("linux").namespaces;
+        assert_eq!(ns.len(), 2, "the spec's own cgroup namespace stays: {ns:?}");
+        assert_eq!(ns[1].path.as_deref(), Some("/p"));
+    }
 
     #[test]
     fn parses_runc_shape_and_finds_path() {

@@ -17,7 +17,7 @@ CASES=(
     configmap-update secret-update projected downward-api
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
-    exec attach logs-follow cp port-forward debug-ephemeral
+    exec attach logs-follow cp port-forward debug-ephemeral debug-target
     resources-visible cpu-count qos-classes oom-killed summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
@@ -37,10 +37,10 @@ eq() { [ "$1" = "$2" ] || fail "${3:-value}: expected '$2', got '$1'"; }
 has() { grep -qF -- "$2" <<<"$1" || fail "${3:-output}: expected '$2' in: $(head -c 600 <<<"$1")"; }
 # Runs CMD... every second until it succeeds, for at most SECONDS; fails with WHAT.
 until_ok() { # SECONDS WHAT CMD...
-    local deadline=$((SECONDS + $1)) what=$2
+    local secs=$1 deadline=$((SECONDS + $1)) what=$2
     shift 2
     until "$@" >/dev/null 2>&1; do
-        [ $SECONDS -lt $deadline ] || fail "$what (after $(($1)) s)"
+        [ $SECONDS -lt $deadline ] || fail "$what (after $secs s)"
         sleep 1
     done
 }
@@ -66,10 +66,10 @@ RES='resources: {requests: {cpu: 10m, memory: 16Mi}}'
 volume_update() { # configmap|secret
     local kind=$1 src t0
     if [ "$kind" = configmap ]; then
-        kn create configmap vol --from-literal=key=one --from-literal=other=x >/dev/null
+        kn create configmap vol --save-config --from-literal=key=one --from-literal=other=x >/dev/null
         src="configMap: {name: vol}"
     else
-        kn create secret generic vol --from-literal=key=one --from-literal=other=x >/dev/null
+        kn create secret generic vol --save-config --from-literal=key=one --from-literal=other=x >/dev/null
         src="secret: {secretName: vol}"
     fi
     { pod reader; cat <<EOF
@@ -638,6 +638,24 @@ case_debug-ephemeral() {
 EOF
     } | apply
     ready dbg
+    timeout 120 kubectl -n "$NS" debug pod/dbg --image="$IMG" -c debugger -- sleep 3600 >/dev/null
+    until_ok 180 "the ephemeral container did not run" \
+        sh -c "kubectl -n $NS get pod dbg -o jsonpath='{.status.ephemeralContainerStatuses[0].state.running}' | grep -q started"
+    eq "$(x dbg -c debugger -- echo from-debugger)" from-debugger "exec in the ephemeral container"
+    eq "$(x dbg -c debugger -- hostname)" dbg "the pod's hostname in the ephemeral container"
+}
+
+# kubectl debug --target: the ephemeral container in the target container's PID namespace.
+case_debug-target() {
+    { pod dbg; cat <<EOF
+  containers:
+  - name: main
+    image: $IMG
+    $RES
+    command: [sleep, "3601"]
+EOF
+    } | apply
+    ready dbg
     timeout 120 kubectl -n "$NS" debug pod/dbg --image="$IMG" -c debugger --target=main -- sleep 3600 >/dev/null
     until_ok 180 "the ephemeral container did not run" \
         sh -c "kubectl -n $NS get pod dbg -o jsonpath='{.status.ephemeralContainerStatuses[0].state.running}' | grep -q started"
@@ -766,7 +784,7 @@ EOF
       pod client; cat <<EOF
   containers:
   - name: c
-    image: $IMG
+    image: $TOOLS
     $RES
     command: [sleep, "3600"]
 EOF
@@ -924,7 +942,9 @@ still_running() {
     ready keep 120s || fail "the pod is not ready after the restart"
     eq "$(jp pod/keep '{.status.containerStatuses[0].containerID}')" "$BEFORE_ID" "the container (not restarted)"
     eq "$(jp pod/keep '{.status.containerStatuses[0].restartCount}')" 0 "restarts"
-    eq "$(x keep -- echo alive)" alive "exec after the restart"
+    # kubelet learns the pods again from the CRI within a few seconds of its or
+    # containerd's restart; until then it answers "pod does not exist".
+    until_ok 60 "exec after the restart" sh -c "[ \"\$(timeout 60 kubectl -n $NS exec keep -- echo alive)\" = alive ]"
     has "$(kn logs --tail=5 keep)" tick- "logs after the restart"
     until_ok 90 "no stats of the pod after the restart" sh -c \
         "kubectl get --raw /api/v1/nodes/$NODE/proxy/stats/summary | jq -e '.pods[] | select(.podRef.name == \"keep\" and .podRef.namespace == \"$NS\") | .memory.workingSetBytes > 0'"
@@ -959,9 +979,14 @@ case_containerd-restart() {
 
 # ---- the runner ----
 
+# The cases running now (their subshells' pids): what an interrupted run ends first.
+running=()
+
 # Runs case NAME with RuntimeClass RC; writes RESULT (PASS, FAIL, SKIP) and its seconds.
 run_one() { # NAME RC
     local name=$1 rc=$2 ns log status t0
+    # A job of its own (a background subshell): a failing step here is recorded, not fatal.
+    set +e
     ns=t-$name-$rc
     ns=${ns:0:63}
     log=$LOG_DIR/cases/$name.$rc.log
@@ -1010,13 +1035,23 @@ run_suite() {
         [ -z "${K8S_CASES:-}" ] || [[ " $K8S_CASES " == *" $c "* ]] && serial+=("$c")
     done
     log "running ${#selected[@]} cases ($JOBS at a time) and ${#serial[@]} node-wide ones, with: $RUNTIMES"
+    # The node's processes are jobs of this shell too: count and wait for the cases' own.
+    local p alive
+    running=()
     for c in "${selected[@]}"; do
         for rc in $RUNTIMES; do
-            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+            while :; do
+                alive=()
+                for p in "${running[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+                running=("${alive[@]}")
+                [ ${#running[@]} -lt "$JOBS" ] && break
+                sleep 1
+            done
             run_one "$c" "$rc" &
+            running+=($!)
         done
     done
-    wait || true
+    for p in "${running[@]}"; do wait "$p" || true; done
     for c in "${serial[@]}"; do
         for rc in $RUNTIMES; do run_one "$c" "$rc"; done
     done
