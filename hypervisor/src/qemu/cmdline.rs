@@ -201,6 +201,10 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         ));
     }
     args.extend(["-device".into(), BALLOON.into()]);
+    if l.config.block_device_hotplug {
+        // Present from boot: microvm has no bus that takes a controller later.
+        args.extend(["-device".into(), super::hotplug::SCSI_CONTROLLER.into()]);
+    }
     for (i, nic) in l.net.iter().enumerate() {
         // The tap exists already (the shim made it, with its tc redirects); QEMU attaches
         // to it by name and runs no scripts, or, confined, gets it opened.
@@ -327,7 +331,8 @@ virtio_fs_cache = "never"
              -device vhost-user-fs-device,chardev=fs,tag=kataShared,queue-size=1024 \
              -chardev socket,id=rootfs,path=/run/vc/sb1/virtiofsd-rootfs.sock \
              -device vhost-user-fs-device,chardev=rootfs,tag=kataRootfs,queue-size=1024 \
-             -device virtio-balloon-device,free-page-reporting=on"
+             -device virtio-balloon-device,free-page-reporting=on \
+             -device virtio-scsi-device,id=scsi0"
         );
         // The kernel command line is one argument.
         let i = args.iter().position(|a| a == "-append").unwrap();
@@ -335,6 +340,18 @@ virtio_fs_cache = "never"
             args[i + 1],
             "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share agent.log=debug"
         );
+    }
+
+    #[test]
+    fn the_scsi_controller_is_there_only_with_block_device_hotplug() {
+        let mut config = config();
+        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
+        let has_controller =
+            |c: &QemuConfig| joined(&qemu_args(&launch(c, &layout))).contains("virtio-scsi-device");
+        assert!(config.block_device_hotplug, "on by default");
+        assert!(has_controller(&config));
+        config.block_device_hotplug = false;
+        assert!(!has_controller(&config));
     }
 
     #[test]

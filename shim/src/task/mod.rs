@@ -191,7 +191,7 @@ impl Inner {
                     format!("container {cid} is still running; kill it first"),
                 ));
             }
-            let c = st
+            let mut c = st
                 .containers
                 .remove(cid)
                 .ok_or_else(|| not_found(cid, ""))?;
@@ -210,12 +210,16 @@ impl Inner {
         let last = self.lock().is_empty();
         if !last {
             self.remove_in_guest(&sb, cid).await;
+            // Once no process of it can hold them.
+            sb.remove_block_devices(cid, &c.block_devices).await;
         }
         sb.remove_container_host(&c.mounts, &c.share_dir);
+        let block_devices = std::mem::take(&mut c.block_devices);
         drop(c);
         if !self.end_sandbox_if_empty().await && last {
             // A create came in meanwhile and keeps the sandbox: remove it after all.
             self.remove_in_guest(&sb, cid).await;
+            sb.remove_block_devices(cid, &block_devices).await;
         }
         Ok(exit)
     }
