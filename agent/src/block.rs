@@ -1,10 +1,11 @@
 //! Host block devices the shim attached to the VM for a container (raw block volumes).
 //!
 //! Each arrives as a SCSI disk on the VM's virtio-scsi controller at an address the
-//! shim chose (`BlockDevice.scsi_address`, `<target>:<lun>`). The agent waits for the
-//! guest kernel to probe it (`/sys/bus/scsi/devices/<host>:0:<target>:<lun>/block/<sdX>`;
-//! the controller's hotplug event starts the probe, and a rescan of the target through
-//! `/sys/class/scsi_host/host*/scan` covers a missed event), then gives the spec's
+//! shim chose (`BlockDevice.scsi_address`, `<target>:<lun>`). The agent asks the guest
+//! kernel to scan that target (`/sys/class/scsi_host/host*/scan`: the guest boots with
+//! `scsi_mod.scan=manual`, so the controller's hotplug event alone probes nothing) and
+//! waits for the disk (`/sys/bus/scsi/devices/<host>:0:<target>:<lun>/block/<sdX>`),
+//! then gives the spec's
 //! `linux.devices` entry, which carries the host's major and minor, the guest disk's, so
 //! the stage makes the container's node with numbers that mean something here. Device
 //! rules naming the host's numbers follow.
@@ -21,8 +22,9 @@ use crate::spec::Spec;
 /// How long a disk may take to appear after the shim attached it: the probe is quick,
 /// but a loaded host under TCG runs the guest slowly.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long the controller's own hotplug event gets before the agent asks for a scan.
-const RESCAN_AFTER: Duration = Duration::from_millis(500);
+/// Between scans of a target that has no disk yet: the first may come before QEMU has
+/// added it.
+const RESCAN_EVERY: Duration = Duration::from_millis(500);
 /// Between checks of sysfs.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -75,8 +77,9 @@ pub fn find_scsi_disk(sys: &Path, target: u32, lun: u32) -> Option<(String, i64,
     None
 }
 
-/// Asks every SCSI host to scan `target`, `lun` on channel 0.
-fn rescan(sys: &Path, target: u32, lun: u32) {
+/// Asks every SCSI host to scan `target`, `lun` on channel 0 (a disk found already
+/// stays as it is).
+fn scan(sys: &Path, target: u32, lun: u32) {
     let Ok(hosts) = std::fs::read_dir(sys.join("class/scsi_host")) else {
         return;
     };
@@ -94,7 +97,7 @@ pub fn wait_for_disk(
 ) -> Result<GuestDisk> {
     let (target, lun) = parse_scsi_address(address)?;
     let start = Instant::now();
-    let mut rescanned = false;
+    let mut scanned: Option<Instant> = None;
     loop {
         if let Some((name, major, minor)) = find_scsi_disk(sys, target, lun) {
             return Ok(GuestDisk {
@@ -114,9 +117,9 @@ pub fn wait_for_disk(
                 sys.display()
             )));
         }
-        if !rescanned && waited >= RESCAN_AFTER {
-            rescan(sys, target, lun);
-            rescanned = true;
+        if scanned.is_none_or(|at| at.elapsed() >= RESCAN_EVERY) {
+            scan(sys, target, lun);
+            scanned = Some(Instant::now());
         }
         std::thread::sleep(POLL);
     }

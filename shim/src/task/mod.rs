@@ -182,7 +182,7 @@ impl Inner {
     /// Removes container `cid` from the guest and the host; ends the sandbox when it was
     /// the last one.
     async fn delete_container(&self, cid: &str) -> Result<Option<Exit>> {
-        let (c, sb) = {
+        let (mut c, sb) = {
             let mut st = self.lock();
             let c = st.container(cid)?;
             if matches!(c.init.status(), Status::Running | Status::Paused) {
@@ -191,7 +191,7 @@ impl Inner {
                     format!("container {cid} is still running; kill it first"),
                 ));
             }
-            let mut c = st
+            let c = st
                 .containers
                 .remove(cid)
                 .ok_or_else(|| not_found(cid, ""))?;
