@@ -223,21 +223,26 @@ mod tests {
         );
         // The host's 7:3 becomes the guest's 8:0 and the host's 8:0 the guest's 8:16:
         // the rule of the first must not be taken for the second.
-        use_guest_numbers(
-            &mut s,
-            &[disk("/dev/xvda", 8, 0), disk("/dev/xvdb", 8, 16)],
-        )
-        .unwrap();
+        use_guest_numbers(&mut s, &[disk("/dev/xvda", 8, 0), disk("/dev/xvdb", 8, 16)]).unwrap();
         let linux = s.linux.as_ref().unwrap();
         let xvda = &linux.devices[1];
         assert_eq!((xvda.major, xvda.minor), (8, 0));
-        assert_eq!((xvda.file_mode, xvda.uid, xvda.gid), (Some(432), Some(0), Some(6)));
+        assert_eq!(
+            (xvda.file_mode, xvda.uid, xvda.gid),
+            (Some(432), Some(0), Some(6))
+        );
         assert_eq!((linux.devices[2].major, linux.devices[2].minor), (8, 16));
         assert_eq!((linux.devices[0].major, linux.devices[0].minor), (10, 229));
         let rules = linux.resources.as_ref().unwrap().extra["devices"].clone();
         assert_eq!(rules[1]["major"], 7, "a character rule keeps its numbers");
-        assert_eq!((rules[2]["major"].clone(), rules[2]["minor"].clone()), (8.into(), 0.into()));
-        assert_eq!((rules[3]["major"].clone(), rules[3]["minor"].clone()), (8.into(), 16.into()));
+        assert_eq!(
+            (rules[2]["major"].clone(), rules[2]["minor"].clone()),
+            (8.into(), 0.into())
+        );
+        assert_eq!(
+            (rules[3]["major"].clone(), rules[3]["minor"].clone()),
+            (8.into(), 16.into())
+        );
         assert_eq!(rules[3]["access"], "r");
     }
 
@@ -264,7 +269,10 @@ mod tests {
         );
         assert_eq!(find_scsi_disk(sys.path(), 2, 0), None);
         let found = wait_for_disk(sys.path(), "/dev/xvda", "3:0", Duration::ZERO).unwrap();
-        assert_eq!((found.name.as_str(), found.major, found.minor), ("sdb", 8, 16));
+        assert_eq!(
+            (found.name.as_str(), found.major, found.minor),
+            ("sdb", 8, 16)
+        );
     }
 
     #[test]

@@ -127,7 +127,9 @@ fn writable(rules: &[Value], major: u64, minor: u64) -> bool {
 /// The host node of block device `major:minor`, by the name the kernel gives it in
 /// `<sys_dev_block>/MAJ:MIN/uevent` (`DEVNAME=loop0` → `/dev/loop0`).
 pub fn host_node(sys_dev_block: &Path, major: u64, minor: u64) -> std::io::Result<PathBuf> {
-    let uevent = sys_dev_block.join(format!("{major}:{minor}")).join("uevent");
+    let uevent = sys_dev_block
+        .join(format!("{major}:{minor}"))
+        .join("uevent");
     let text = std::fs::read_to_string(&uevent)?;
     let name = text
         .lines()
@@ -146,7 +148,11 @@ pub fn host_node(sys_dev_block: &Path, major: u64, minor: u64) -> std::io::Resul
     if !plain {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{} names {:?}, not a name under /dev", uevent.display(), name),
+            format!(
+                "{} names {:?}, not a name under /dev",
+                uevent.display(),
+                name
+            ),
         ));
     }
     Ok(Path::new("/dev").join(name))
@@ -223,7 +229,9 @@ mod tests {
             }]
         );
         assert!(spec_block_devices(&json!({})).unwrap().is_empty());
-        assert!(spec_block_devices(&json!({ "linux": {} })).unwrap().is_empty());
+        assert!(spec_block_devices(&json!({ "linux": {} }))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -275,9 +283,15 @@ mod tests {
         let sys = tempfile::tempdir().unwrap();
         let dev = sys.path().join("7:3");
         std::fs::create_dir(&dev).unwrap();
-        std::fs::write(dev.join("uevent"), "MAJOR=7\nMINOR=3\nDEVNAME=loop3\nDEVTYPE=disk\n")
-            .unwrap();
-        assert_eq!(host_node(sys.path(), 7, 3).unwrap(), Path::new("/dev/loop3"));
+        std::fs::write(
+            dev.join("uevent"),
+            "MAJOR=7\nMINOR=3\nDEVNAME=loop3\nDEVTYPE=disk\n",
+        )
+        .unwrap();
+        assert_eq!(
+            host_node(sys.path(), 7, 3).unwrap(),
+            Path::new("/dev/loop3")
+        );
         let nested = sys.path().join("253:1");
         std::fs::create_dir(&nested).unwrap();
         std::fs::write(nested.join("uevent"), "DEVNAME=mapper/../../etc/shadow\n").unwrap();

@@ -847,8 +847,7 @@ impl Sandbox {
         let Some(vm) = vm.as_mut() else {
             return Err(ContainerError::Device {
                 id: id.to_string(),
-                why: "its block devices cannot be attached: the sandbox's VM is not running"
-                    .into(),
+                why: "its block devices cannot be attached: the sandbox's VM is not running".into(),
             });
         };
         let mut wire = Vec::new();
@@ -886,8 +885,12 @@ impl Sandbox {
         };
         for dev in devices {
             match vm.remove_block_device(dev).await {
-                Ok(()) => info!(self.log, "block device detached from the VM"; "container" => id, "device" => dev),
-                Err(e) => warn!(self.log, "detaching a block device from the VM"; "container" => id, "device" => dev, "error" => %e),
+                Ok(()) => {
+                    info!(self.log, "block device detached from the VM"; "container" => id, "device" => dev)
+                }
+                Err(e) => {
+                    warn!(self.log, "detaching a block device from the VM"; "container" => id, "device" => dev, "error" => %e)
+                }
             }
         }
     }

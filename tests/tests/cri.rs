@@ -876,7 +876,11 @@ fn a_raw_block_volume_is_a_block_device_in_the_container(h: Handler) {
             [Part::Vmm, Part::Shim]
                 .into_iter()
                 .filter_map(|p| pid_of(&pod.id, p))
-                .flat_map(|pid| fds_open_on(pid, disk.path()).into_iter().map(move |fd| format!("{pid}/fd/{fd}")))
+                .flat_map(|pid| {
+                    fds_open_on(pid, disk.path())
+                        .into_iter()
+                        .map(move |fd| format!("{pid}/fd/{fd}"))
+                })
                 .collect::<Vec<_>>()
         };
         let released = poll(Duration::from_secs(10), Duration::from_millis(100), || {
@@ -915,10 +919,16 @@ fn kata_refuses_a_raw_block_volume_without_block_device_hotplug() {
         .create_container(&pod, &with_block_device(&c, &pod, &disk))
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", c.log_tail()));
     let e = match c.cri().start_container(&id) {
-        Ok(()) => panic!("a container with a raw block volume started without block_device_hotplug"),
+        Ok(()) => {
+            panic!("a container with a raw block volume started without block_device_hotplug")
+        }
         Err(e) => e.to_string(),
     };
-    assert!(e.contains(BLOCK_PATH) && e.contains("block_device_hotplug"), "{e}");
+    assert!(
+        e.contains(BLOCK_PATH) && e.contains("block_device_hotplug"),
+        "{e}"
+    );
+    eprintln!("refused as expected: {e}");
     let _ = c.cri().remove_container(&id);
     c.remove_pod_checked(pod);
 }

@@ -98,7 +98,10 @@ impl ScsiDisks {
 
 fn device_error(action: &str, target: u16, reason: String) -> Error {
     Error::Device {
-        action: format!("{action}ing block device {} (SCSI target {target})", device_id(target)),
+        action: format!(
+            "{action}ing block device {} (SCSI target {target})",
+            device_id(target)
+        ),
         reason,
     }
 }
@@ -116,7 +119,9 @@ fn attach(
     let fdset = added
         .get("fdset-id")
         .and_then(Value::as_u64)
-        .ok_or_else(|| QmpError::Protocol(format!("add-fd answered without an fdset-id: {added}")))?;
+        .ok_or_else(|| {
+            QmpError::Protocol(format!("add-fd answered without an fdset-id: {added}"))
+        })?;
     if let Err(e) = qmp.execute(&blockdev_add(&id, fdset, read_only)) {
         let _ = qmp.execute(&remove_fd(fdset));
         return Err(e);
@@ -242,7 +247,10 @@ mod tests {
         assert_eq!(a["file"]["driver"], "host_device");
         assert_eq!(a["file"]["filename"], "/dev/fdset/5");
         assert_eq!(a["file"]["read-only"], true);
-        assert_eq!(blockdev_add("blk3", 5, false)["arguments"]["file"]["read-only"], false);
+        assert_eq!(
+            blockdev_add("blk3", 5, false)["arguments"]["file"]["read-only"],
+            false
+        );
     }
 
     #[test]

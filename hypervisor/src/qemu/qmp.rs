@@ -196,7 +196,9 @@ impl QmpSession {
                 source,
             })?;
         if n == 0 {
-            return Err(QmpError::Protocol("nothing: it closed the connection".into()));
+            return Err(QmpError::Protocol(
+                "nothing: it closed the connection".into(),
+            ));
         }
         if line.last() != Some(&b'\n') {
             return Err(QmpError::Protocol(format!(
