@@ -401,6 +401,7 @@ virtio_fs_cache = "never"
         let mut config = config();
         config.kernel_params = "  ".into();
         config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
+        config.block_device_hotplug = false;
         assert_eq!(
             kernel_cmdline(&config, Accel::Kvm, false, Some("tsc_early_khz=1")),
             "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet"
