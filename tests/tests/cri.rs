@@ -8,6 +8,7 @@
 //!     cargo test -p e2e-tests --test cri -- --test-threads=2 runc::
 //!     cargo test -p e2e-tests --test cri -- --test-threads=2 kata::port_forward
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use e2e_tests::cri_api::{ContainerState, NamespaceMode};
@@ -849,7 +850,7 @@ fn a_raw_block_volume_is_a_block_device_in_the_container(h: Handler) {
     let id = c.start_container(&pod, with_block_device(&c, &pod, &disk));
     let script = format!(
         "test -b {BLOCK_PATH} || {{ echo not a block device; exit 1; }}; \
-         stat -c '%t' {BLOCK_PATH}; \
+         stat -c '%t %a %u %g' {BLOCK_PATH}; \
          printf {BLOCK_BYTES} > /tmp/bytes && \
          dd if=/tmp/bytes of={BLOCK_PATH} bs=512 seek=1 conv=fsync 2>/dev/null && \
          dd if={BLOCK_PATH} bs=512 skip=1 count=1 2>/dev/null | head -c {}",
@@ -859,10 +860,21 @@ fn a_raw_block_volume_is_a_block_device_in_the_container(h: Handler) {
     assert_eq!(out.exit_code, 0, "{}\n{}", out.stdout, out.stderr);
     let mut lines = out.stdout.lines();
     // `stat %t`: the major number in hex. The host's loop device is 7; in the VM the
-    // disk is a SCSI disk (sd, 8).
-    let major = lines.next().unwrap_or_default();
-    let want = if h.is_vm() { "8" } else { "7" };
-    assert_eq!(major, want, "major number of {BLOCK_PATH}: {}", out.stdout);
+    // disk is a SCSI disk (sd, 8). Mode and owner are the host node's, as the CRI asks.
+    let host = std::fs::metadata(disk.path()).expect("the loop device's node");
+    let major = if h.is_vm() { "8" } else { "7" };
+    let want = format!(
+        "{major} {:o} {} {}",
+        host.permissions().mode() & 0o7777,
+        host.uid(),
+        host.gid()
+    );
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        want,
+        "major, mode, uid and gid of {BLOCK_PATH}: {}",
+        out.stdout
+    );
     assert_eq!(lines.next(), Some(BLOCK_BYTES), "read back: {}", out.stdout);
 
     if let Err(e) = c.cri().stop_container(&id, 0) {
