@@ -43,6 +43,7 @@ for_each_handler!(
     stopping_and_removing_a_running_pod_leaves_nothing,
     a_privileged_pod_has_bridges_veths_tun_and_netfilter,
     a_raw_block_volume_is_a_block_device_in_the_container,
+    a_read_only_raw_block_volume_is_read_but_not_written,
 );
 
 const HTTP_PORT: u16 = 8080;
@@ -917,6 +918,25 @@ fn a_raw_block_volume_is_a_block_device_in_the_container(h: Handler) {
         BLOCK_BYTES.as_bytes(),
         "the bytes written in the container are not in the host's file"
     );
+}
+
+/// A raw block volume the container may only read (CRI permissions `r`, as for a
+/// read-only volume): reads work, writes fail (under kata the VM's disk itself is
+/// read-only: the shim opened the host device read-only).
+fn a_read_only_raw_block_volume_is_read_but_not_written(h: Handler) {
+    let disk = LoopDevice::new(1 << 20);
+    let c = cri("blockro", h);
+    let pod = c.run_pod(c.pod_config("blockro"));
+    let mut config = with_block_device(&c, &pod, &disk);
+    config.devices[0].permissions = "r".into();
+    let id = c.start_container(&pod, config);
+    let script = format!(
+        "dd if={BLOCK_PATH} of=/dev/null bs=512 count=1 2>/dev/null && echo read; \
+         dd if=/dev/zero of={BLOCK_PATH} bs=512 count=1 2>/dev/null && echo written; true"
+    );
+    let out = c.exec(&id, &["sh", "-c", &script]);
+    assert_eq!(out.stdout, "read\n", "{}\n{}", out.stdout, out.stderr);
+    c.remove_pod_checked(pod);
 }
 
 /// With `block_device_hotplug = false` the VM has no SCSI controller: a container with a
