@@ -1,5 +1,8 @@
-//! Just enough QMP to know that QEMU is up: its greeting arrives once machine setup
-//! (kernel loading, vhost-user handshakes) is done and the main loop runs.
+//! Just enough QMP: the greeting, which tells that QEMU is up (it arrives once machine
+//! setup, kernel loading and vhost-user handshakes, is done and the main loop runs), and a
+//! blocking session for the commands of device hotplug ([`super::hotplug`]), with a
+//! descriptor passed along where a command takes one. QEMU is not trusted: what it sends
+//! is bounded in size and waited for with a deadline.
 
 use std::path::Path;
 
