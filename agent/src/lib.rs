@@ -7,6 +7,7 @@
 //! `stdio::streams`), `reaper`, `cgroup`; `init` holds the PID 1 duties; `debug_console`
 //! the opt-in shell for `kata-runtime exec`.
 
+pub mod block;
 pub mod cgroup;
 pub mod container;
 pub mod debug_console;

@@ -46,7 +46,13 @@ impl AgentService for AgentRpc {
         r: CreateContainerRequest,
     ) -> RpcResult<Empty> {
         self.sandbox
-            .create_container(&r.container_id, &r.oci_spec, r.stdin, r.pod_sandbox)
+            .create_container(
+                &r.container_id,
+                &r.oci_spec,
+                r.stdin,
+                r.pod_sandbox,
+                &r.block_devices,
+            )
             .await?;
         Ok(Empty::new())
     }

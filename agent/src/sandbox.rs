@@ -175,6 +175,7 @@ impl Sandbox {
         spec_json: &[u8],
         stdin: bool,
         pod_sandbox: bool,
+        block_devices: &[protocols::agent::BlockDevice],
     ) -> Result<()> {
         protocols::id::validate(id)
             .map_err(|e| AgentError::InvalidArgument(format!("container id {e}")))?;
@@ -183,7 +184,10 @@ impl Sandbox {
                 "container {id} already exists"
             )));
         }
-        let spec = Spec::from_json(spec_json)?;
+        let mut spec = Spec::from_json(spec_json)?;
+        self.use_block_devices(id, &mut spec, block_devices)
+            .await
+            .map_err(|e| e.context(&format!("create container {id}")))?;
         crate::stage::preflight(&spec).map_err(refused)?;
         // What the create has made so far, taken back in one place if a later step fails.
         let mut made = Made::default();
@@ -200,6 +204,35 @@ impl Sandbox {
         info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid,
             "pod_sandbox" => pod_sandbox);
         Ok(())
+    }
+
+    /// Waits for the disks the shim attached for container `id` and gives its spec the
+    /// guest's numbers of them (see [`crate::block`]).
+    async fn use_block_devices(
+        &self,
+        id: &str,
+        spec: &mut Spec,
+        devices: &[protocols::agent::BlockDevice],
+    ) -> Result<()> {
+        let mut disks = Vec::new();
+        for d in devices {
+            let (path, address) = (d.container_path.clone(), d.scsi_address.clone());
+            let disk = tokio::task::spawn_blocking(move || {
+                crate::block::wait_for_disk(
+                    &crate::block::sysfs(),
+                    &path,
+                    &address,
+                    crate::block::PROBE_TIMEOUT,
+                )
+            })
+            .await
+            .map_err(|e| AgentError::Internal(format!("waiting for a block device: {e}")))??;
+            info!(self.log, "block device found"; "container_id" => id,
+                "container_path" => &disk.container_path, "disk" => &disk.name,
+                "guest_device" => format!("{}:{}", disk.major, disk.minor));
+            disks.push(disk);
+        }
+        crate::block::use_guest_numbers(spec, &disks)
     }
 
     /// The steps of [`Sandbox::create_container`] after the spec is checked; each records

@@ -103,6 +103,7 @@ pub(crate) struct QemuSection {
     pub sandbox_host_processes: bool,
     pub host_uid_start: u32,
     pub host_uid_count: u32,
+    pub block_device_hotplug: bool,
 }
 
 impl Default for QemuSection {
@@ -127,6 +128,7 @@ impl Default for QemuSection {
             sandbox_host_processes: true,
             host_uid_start: HOST_UID_START,
             host_uid_count: HOST_UID_COUNT,
+            block_device_hotplug: true,
         }
     }
 }

@@ -209,6 +209,9 @@ pub struct QemuConfig {
     pub accelerator: Accelerator,
     /// Who QEMU and the vsock backend run as.
     pub host_processes: HostProcesses,
+    /// A virtio-scsi controller in every VM, so that host block devices named in a
+    /// container's spec (raw block volumes) can be attached to the running VM.
+    pub block_device_hotplug: bool,
 }
 
 /// How a pod's VM is sized from the pod's resource limits (static sizing: the VM cannot
@@ -419,6 +422,7 @@ impl QemuConfig {
                 ),
                 (s.sandbox_host_processes, s.host_uid_start, s.host_uid_count),
             )?,
+            block_device_hotplug: s.block_device_hotplug,
         })
     }
 }

@@ -15,7 +15,9 @@ use slog::{info, o, warn, Logger};
 
 use crate::jail::SandboxIds;
 use crate::process::{kill_and_reap_async, STOP_GRACE};
-use crate::{Error, Hypervisor, VmConfig, VmInfo};
+use crate::qemu::hotplug::ScsiDisks;
+use crate::qemu::layout::RunDirLayout;
+use crate::{AttachedBlock, Error, Hypervisor, VmConfig, VmInfo};
 
 /// A running VM handed over by its starter; stopped like any other.
 pub struct Adopted {
@@ -25,17 +27,22 @@ pub struct Adopted {
     run_dir: PathBuf,
     /// The uid claim of the VM's contained processes, taken over from the starter.
     ids: Option<SandboxIds>,
+    /// Disks attached over QMP, when the VM is QEMU's (it has a QMP socket).
+    disks: Option<ScsiDisks>,
 }
 
 impl Adopted {
     /// Adopts the VM `info` describes, whose sockets and logs are in `run_dir`; `ids`
     /// is its uid claim, taken over by the caller (None: the VM runs uncontained).
     pub fn new(info: VmInfo, run_dir: PathBuf, ids: Option<SandboxIds>, logger: Logger) -> Self {
+        let qmp_socket = RunDirLayout::new(&run_dir).qmp_socket;
+        let disks = qmp_socket.exists().then(|| ScsiDisks::new(qmp_socket));
         Adopted {
             logger: logger.new(o!("hypervisor" => "adopted")),
             info: Some(info),
             run_dir,
             ids,
+            disks,
         }
     }
 }
@@ -102,6 +109,29 @@ impl Hypervisor for Adopted {
                 pids
             })
             .unwrap_or_default()
+    }
+
+    async fn add_block_device(
+        &mut self,
+        file: std::os::fd::OwnedFd,
+        read_only: bool,
+    ) -> Result<AttachedBlock, Error> {
+        match &mut self.disks {
+            Some(disks) => disks.add(file, read_only).await,
+            None => Err(Error::Unsupported(
+                "the builtin VMM (kata-vmm, RuntimeClass kata-builtin) cannot attach devices \
+                 to a running VM; run pods with raw block volumes (volumeDevices) or block \
+                 devices with the QEMU backend (RuntimeClass kata)"
+                    .into(),
+            )),
+        }
+    }
+
+    async fn remove_block_device(&mut self, id: &str) -> Result<(), Error> {
+        match &mut self.disks {
+            Some(disks) => disks.remove(id).await,
+            None => Ok(()),
+        }
     }
 }
 

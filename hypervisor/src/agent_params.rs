@@ -72,7 +72,8 @@ mod tests {
             crate::qemu::cmdline::kernel_cmdline(&qemu, crate::accel::Accel::Kvm, false, None);
         assert!(
             qemu_line.ends_with(
-                " quiet agent.rootfs_share agent.debug_console agent.debug_console_vport=1026"
+                " quiet agent.rootfs_share scsi_mod.scan=manual agent.debug_console \
+                 agent.debug_console_vport=1026"
             ),
             "{qemu_line}"
         );

@@ -53,6 +53,15 @@ pub enum Error {
     )]
     Containment(String),
 
+    /// A device could not be attached to or detached from the running VM.
+    #[error("{action} failed: {reason}")]
+    Device {
+        /// What was being done, e.g. `attaching block device blk0 (SCSI target 0)`.
+        action: String,
+        /// What went wrong.
+        reason: String,
+    },
+
     /// `start_vm` was called twice on the same backend.
     #[error("the VM is already running (VMM pid {0}); stop it before starting another")]
     AlreadyRunning(i32),

@@ -34,7 +34,7 @@ mod vm;
 
 pub use error::Error;
 pub use process::kill_and_reap;
-pub use vm::{Hypervisor, NetDevice, VmConfig, VmInfo};
+pub use vm::{AttachedBlock, Hypervisor, NetDevice, VmConfig, VmInfo};
 
 /// The virtio-fs tag the guest mounts the shared directory by, defined once in `protocols`
 /// (the agent mounts by the same constant).

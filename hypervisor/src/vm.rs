@@ -56,6 +56,23 @@ pub struct VmInfo {
     pub accelerator: String,
 }
 
+/// A host block device attached to the running VM: a SCSI disk the guest finds at
+/// address `<host>:0:<scsi_target>:<scsi_lun>` (its one virtio-scsi controller's host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedBlock {
+    /// What [`Hypervisor::remove_block_device`] takes.
+    pub id: String,
+    pub scsi_target: u16,
+    pub scsi_lun: u16,
+}
+
+impl AttachedBlock {
+    /// `<target>:<lun>`, as the agent's `BlockDevice.scsi_address` carries it.
+    pub fn scsi_address(&self) -> String {
+        format!("{}:{}", self.scsi_target, self.scsi_lun)
+    }
+}
+
 /// A VMM backend. Implementations spawn processes and must leave none behind when
 /// `start_vm` fails or `stop_vm` returns.
 #[async_trait]
@@ -69,4 +86,26 @@ pub trait Hypervisor: Send + Sync {
     /// Every process this backend started and has not stopped yet, VMM first; what the
     /// shim persists so that `delete` can clean up after a crashed shim.
     fn pids(&self) -> Vec<i32>;
+
+    /// Attaches the host block device open as `file` to the running VM, read-only when
+    /// `read_only` (`file` is opened likewise). The backend keeps the descriptor only as
+    /// long as the device is attached. Backends that cannot add devices to a running VM
+    /// refuse, saying so.
+    async fn add_block_device(
+        &mut self,
+        file: std::os::fd::OwnedFd,
+        read_only: bool,
+    ) -> Result<AttachedBlock, Error> {
+        let _ = (file, read_only);
+        Err(Error::Unsupported(
+            "this VMM cannot attach block devices to a running VM".into(),
+        ))
+    }
+
+    /// Detaches a device [`Hypervisor::add_block_device`] attached; an id it does not
+    /// know is no error.
+    async fn remove_block_device(&mut self, id: &str) -> Result<(), Error> {
+        let _ = id;
+        Ok(())
+    }
 }

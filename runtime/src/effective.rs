@@ -191,6 +191,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
             "hypervisor.qemu.host_uid_count",
             int(q.host_processes.uid_count),
         ),
+        (
+            "hypervisor.qemu.block_device_hotplug",
+            toml::Value::Boolean(q.block_device_hotplug),
+        ),
         ("hypervisor.builtin.path", path(&b.path)),
         ("hypervisor.builtin.kernel", path(&b.kernel)),
         ("hypervisor.builtin.initrd", path(&b.initrd)),

@@ -135,6 +135,8 @@ pub struct Container {
     pub mounts: Vec<PathBuf>,
     /// Its directory in the share (`<share>/mounts/<id>`), removed at delete.
     pub share_dir: PathBuf,
+    /// Host block devices attached to the VM for it, detached at delete.
+    pub block_devices: Vec<String>,
     pub init: Process,
     pub execs: std::collections::HashMap<String, Process>,
 }
@@ -387,6 +389,7 @@ mod process_tests {
             bundle: PathBuf::new(),
             mounts: Vec::new(),
             share_dir: PathBuf::new(),
+            block_devices: Vec::new(),
             init: process(),
             execs: Default::default(),
         };

@@ -5,6 +5,7 @@
 //! and `delete` are ours; the daemon runs on containerd's shim crate.
 
 mod agent;
+mod block;
 mod cgroup;
 mod command;
 mod container;

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::agent::{Agent, AgentError, KataAgent};
+use crate::block;
 use crate::cgroup;
 use crate::container::{HostMounts, HostSetupError, RealHostMounts};
 use crate::factory::pool;
@@ -98,6 +99,8 @@ pub struct Sandbox {
 pub struct HostContainer {
     pub mounts: Vec<PathBuf>,
     pub share_dir: PathBuf,
+    /// Host block devices attached to the VM for it (the hypervisor's ids).
+    pub block_devices: Vec<String>,
 }
 
 /// Why a container could not be created in the sandbox.
@@ -108,6 +111,9 @@ pub enum ContainerError {
     Host(#[from] HostSetupError),
     #[error("encoding the container's OCI spec for the guest: {0}")]
     Spec(serde_json::Error),
+    /// A block device of its spec cannot be attached to the VM.
+    #[error("container {id}: {why}")]
+    Device { id: String, why: String },
     /// The agent refused or failed the create.
     #[error(transparent)]
     Guest(AgentError),
@@ -770,8 +776,8 @@ impl Sandbox {
 
     /// Creates container `id` in the sandbox, all or nothing: its rootfs (containerd's
     /// `rootfs` mounts, else the bundle's) and `binds` on the share, recorded for a
-    /// crashed shim's `delete`; `spec` pointed at the guest's view of them; then the
-    /// agent's CreateContainer.
+    /// crashed shim's `delete`; the host block devices of its spec attached to the VM;
+    /// `spec` pointed at the guest's view of them; then the agent's CreateContainer.
     #[allow(clippy::too_many_arguments)]
     pub async fn create_container(
         &self,
@@ -783,6 +789,11 @@ impl Sandbox {
         stdin: bool,
         pod_sandbox: bool,
     ) -> Result<HostContainer, ContainerError> {
+        // Checked before anything is made: a bad entry leaves nothing to undo.
+        let devices = block::spec_block_devices(&spec).map_err(|e| ContainerError::Device {
+            id: id.to_string(),
+            why: e.to_string(),
+        })?;
         let share_dir = self.shared.mounts.join(id);
         let serving = mount::serving_namespaces(&self.helper_pids());
         let mounts = self
@@ -790,21 +801,96 @@ impl Sandbox {
             .setup(bundle, rootfs, &share_dir, binds, &serving)
             .await?;
         self.add_mounts(&mounts);
-        let made = HostContainer { mounts, share_dir };
-        crate::spec::set_guest_rootfs(&mut spec, self.guest_rootfs_root, id);
-        let created = match serde_json::to_vec(&spec) {
-            Ok(bytes) => self
-                .agent
-                .create_container(id, bytes, stdin, pod_sandbox)
-                .await
-                .map_err(ContainerError::Guest),
-            Err(e) => Err(ContainerError::Spec(e)),
+        let mut made = HostContainer {
+            mounts,
+            share_dir,
+            block_devices: Vec::new(),
         };
+        let created = async {
+            let wire = self
+                .attach_block_devices(id, &devices, &mut made.block_devices)
+                .await?;
+            crate::spec::set_guest_rootfs(&mut spec, self.guest_rootfs_root, id);
+            let bytes = serde_json::to_vec(&spec).map_err(ContainerError::Spec)?;
+            self.agent
+                .create_container(id, bytes, stdin, pod_sandbox, wire)
+                .await
+                .map_err(ContainerError::Guest)
+        }
+        .await;
         match created {
             Ok(()) => Ok(made),
             Err(e) => {
+                self.remove_block_devices(id, &made.block_devices).await;
                 self.remove_container_host(&made.mounts, &made.share_dir);
                 Err(e)
+            }
+        }
+    }
+
+    /// Attaches each of `devices` to the VM, its id in `attached` as soon as it is;
+    /// returns what the agent needs to find them.
+    async fn attach_block_devices(
+        &self,
+        id: &str,
+        devices: &[block::SpecBlockDevice],
+        attached: &mut Vec<String>,
+    ) -> Result<Vec<protocols::agent::BlockDevice>, ContainerError> {
+        if devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let failed = |d: &block::SpecBlockDevice, why: String| ContainerError::Device {
+            id: id.to_string(),
+            why: format!("{d} cannot be given to the container: {why}"),
+        };
+        let mut vm = self.vm.lock().await;
+        let Some(vm) = vm.as_mut() else {
+            return Err(ContainerError::Device {
+                id: id.to_string(),
+                why: "its block devices cannot be attached: the sandbox's VM is not running".into(),
+            });
+        };
+        let mut wire = Vec::new();
+        for d in devices {
+            let file = block::open_host_device(d).map_err(|e| ContainerError::Device {
+                id: id.to_string(),
+                why: e.to_string(),
+            })?;
+            let disk = vm
+                .add_block_device(file, d.read_only)
+                .await
+                .map_err(|e| failed(d, e.to_string()))?;
+            info!(self.log, "block device attached to the VM"; "container" => id,
+                "container_path" => &d.container_path, "host_device" => format!("{}:{}", d.major, d.minor),
+                "read_only" => d.read_only, "device" => &disk.id, "scsi_address" => disk.scsi_address());
+            attached.push(disk.id.clone());
+            wire.push(protocols::agent::BlockDevice {
+                container_path: d.container_path.clone(),
+                scsi_address: disk.scsi_address(),
+                ..Default::default()
+            });
+        }
+        Ok(wire)
+    }
+
+    /// Detaches container `id`'s block devices from the VM (nothing to do once it is
+    /// gone: its end took them along).
+    pub async fn remove_block_devices(&self, id: &str, devices: &[String]) {
+        if devices.is_empty() {
+            return;
+        }
+        let mut vm = self.vm.lock().await;
+        let Some(vm) = vm.as_mut() else {
+            return;
+        };
+        for dev in devices {
+            match vm.remove_block_device(dev).await {
+                Ok(()) => {
+                    info!(self.log, "block device detached from the VM"; "container" => id, "device" => dev)
+                }
+                Err(e) => {
+                    warn!(self.log, "detaching a block device from the VM"; "container" => id, "device" => dev, "error" => %e)
+                }
             }
         }
     }

@@ -8,6 +8,7 @@
 //!     cargo test -p e2e-tests --test cri -- --test-threads=2 runc::
 //!     cargo test -p e2e-tests --test cri -- --test-threads=2 kata::port_forward
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use e2e_tests::cri_api::{ContainerState, NamespaceMode};
@@ -41,6 +42,8 @@ for_each_handler!(
     pod_pid_namespace_shows_the_pause_process,
     stopping_and_removing_a_running_pod_leaves_nothing,
     a_privileged_pod_has_bridges_veths_tun_and_netfilter,
+    a_raw_block_volume_is_a_block_device_in_the_container,
+    a_read_only_raw_block_volume_is_read_but_not_written,
 );
 
 const HTTP_PORT: u16 = 8080;
@@ -816,6 +819,149 @@ fn a_privileged_pod_has_bridges_veths_tun_and_netfilter(h: Handler) {
         ],
     );
     assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    c.remove_pod_checked(pod);
+}
+
+/// Where kubelet puts a raw block volume (`volumeDevices`), and the bytes written there.
+const BLOCK_PATH: &str = "/dev/xvda";
+const BLOCK_BYTES: &str = "kata-raw-block-volume";
+
+/// A container of `pod` running `sleep`, with host block device `disk` as [`BLOCK_PATH`],
+/// as kubelet asks for a raw block volume.
+fn with_block_device(c: &CriContainerd, pod: &Pod, disk: &LoopDevice) -> cri_api::ContainerConfig {
+    let mut config = c.container_config(pod, "disk", &["sleep", "100000"]);
+    config.devices.push(cri_api::Device {
+        container_path: BLOCK_PATH.into(),
+        host_path: disk.path().display().to_string(),
+        permissions: "rwm".into(),
+    });
+    config
+}
+
+/// A raw block volume (kubelet's `volumeDevices`: a CRI Device) on a host loop device:
+/// in the container it is a block device at the path asked for (under kata the guest's
+/// SCSI disk, with the guest's numbers), what is written there is read back and lands in
+/// the host's file, and once the container is removed nothing of the disk is left in the
+/// VM, QEMU or the shim.
+fn a_raw_block_volume_is_a_block_device_in_the_container(h: Handler) {
+    let disk = LoopDevice::new(8 << 20);
+    let c = cri("block", h);
+    let pod = c.run_pod(c.pod_config("block"));
+    let keeper = sleeper(&c, &pod, "keeper");
+    let id = c.start_container(&pod, with_block_device(&c, &pod, &disk));
+    let script = format!(
+        "test -b {BLOCK_PATH} || {{ echo not a block device; exit 1; }}; \
+         stat -c '%t %a %u %g' {BLOCK_PATH}; \
+         printf {BLOCK_BYTES} > /tmp/bytes && \
+         dd if=/tmp/bytes of={BLOCK_PATH} bs=512 seek=1 conv=fsync 2>/dev/null && \
+         dd if={BLOCK_PATH} bs=512 skip=1 count=1 2>/dev/null | head -c {}",
+        BLOCK_BYTES.len()
+    );
+    let out = c.exec(&id, &["sh", "-c", &script]);
+    assert_eq!(out.exit_code, 0, "{}\n{}", out.stdout, out.stderr);
+    let mut lines = out.stdout.lines();
+    // `stat %t`: the major number in hex. The host's loop device is 7; in the VM the
+    // disk is a SCSI disk (sd, 8). Mode and owner are the host node's, as the CRI asks.
+    let host = std::fs::metadata(disk.path()).expect("the loop device's node");
+    let major = if h.is_vm() { "8" } else { "7" };
+    let want = format!(
+        "{major} {:o} {} {}",
+        host.permissions().mode() & 0o7777,
+        host.uid(),
+        host.gid()
+    );
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        want,
+        "major, mode, uid and gid of {BLOCK_PATH}: {}",
+        out.stdout
+    );
+    assert_eq!(lines.next(), Some(BLOCK_BYTES), "read back: {}", out.stdout);
+
+    if let Err(e) = c.cri().stop_container(&id, 0) {
+        panic!("StopContainer: {e}\n{}", c.log_tail());
+    }
+    if let Err(e) = c.cri().remove_container(&id) {
+        panic!("RemoveContainer: {e}\n{}", c.log_tail());
+    }
+    if h.is_vm() {
+        let holders = || {
+            [Part::Vmm, Part::Shim]
+                .into_iter()
+                .filter_map(|p| pid_of(&pod.id, p))
+                .flat_map(|pid| {
+                    fds_open_on(pid, disk.path())
+                        .into_iter()
+                        .map(move |fd| format!("{pid}/fd/{fd}"))
+                })
+                .collect::<Vec<_>>()
+        };
+        let released = poll(Duration::from_secs(10), Duration::from_millis(100), || {
+            holders().is_empty().then_some(())
+        });
+        assert!(
+            released.is_some(),
+            "the removed container's disk is still open on the host: {:?}",
+            holders()
+        );
+        let out = c.exec(&keeper, &["ls", "/sys/block"]);
+        assert!(
+            !out.stdout.split_whitespace().any(|d| d.starts_with("sd")),
+            "the removed container's disk is still in the VM: {}",
+            out.stdout
+        );
+    }
+    c.remove_pod_checked(pod);
+    let bytes = disk.detach_and_read();
+    assert_eq!(
+        &bytes[512..512 + BLOCK_BYTES.len()],
+        BLOCK_BYTES.as_bytes(),
+        "the bytes written in the container are not in the host's file"
+    );
+}
+
+/// A raw block volume the container may only read (CRI permissions `r`, as for a
+/// read-only volume): reads work, writes fail (under kata the VM's disk itself is
+/// read-only: the shim opened the host device read-only).
+fn a_read_only_raw_block_volume_is_read_but_not_written(h: Handler) {
+    let disk = LoopDevice::new(1 << 20);
+    let c = cri("blockro", h);
+    let pod = c.run_pod(c.pod_config("blockro"));
+    let mut config = with_block_device(&c, &pod, &disk);
+    config.devices[0].permissions = "r".into();
+    let id = c.start_container(&pod, config);
+    let script = format!(
+        "dd if={BLOCK_PATH} of=/dev/null bs=512 count=1 2>/dev/null && echo read; \
+         dd if=/dev/zero of={BLOCK_PATH} bs=512 count=1 2>/dev/null && echo written; true"
+    );
+    let out = c.exec(&id, &["sh", "-c", &script]);
+    assert_eq!(out.stdout, "read\n", "{}\n{}", out.stdout, out.stderr);
+    c.remove_pod_checked(pod);
+}
+
+/// With `block_device_hotplug = false` the VM has no SCSI controller: a container with a
+/// raw block volume fails to start, and the error names the device and the key.
+#[test]
+fn kata_refuses_a_raw_block_volume_without_block_device_hotplug() {
+    let disk = LoopDevice::new(1 << 20);
+    let config = RuntimeConfig::qemu().set("hypervisor.qemu", "block_device_hotplug", "false");
+    let c = CriContainerd::start_configured("cri-blockoff-kata", Handler::Kata, &config);
+    let pod = c.run_pod(c.pod_config("blockoff"));
+    let id = c
+        .create_container(&pod, &with_block_device(&c, &pod, &disk))
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", c.log_tail()));
+    let e = match c.cri().start_container(&id) {
+        Ok(()) => {
+            panic!("a container with a raw block volume started without block_device_hotplug")
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains(BLOCK_PATH) && e.contains("block_device_hotplug"),
+        "{e}"
+    );
+    eprintln!("refused as expected: {e}");
+    let _ = c.cri().remove_container(&id);
     c.remove_pod_checked(pod);
 }
 

@@ -335,6 +335,44 @@ fn kata_runtime_exec_reaches_the_guest_of_a_pooled_sandbox() {
     assert_vms_gone(&[vm, "pool-dbg".to_string()]);
 }
 
+/// A block device (`ctr run --device`) reaches a sandbox on a pooled VM: the adopted
+/// VM's QEMU takes the disk over its QMP socket as a VM the shim booted does.
+#[test]
+fn a_pooled_sandbox_gets_its_block_device() {
+    let pool = TestPool::new("block", RuntimeConfig::qemu(), 1);
+    let mut factory = TestFactory::start(&pool);
+    let _cleanup = SandboxCleanup::new("pool-blk");
+    let disk = LoopDevice::new(1 << 20);
+    let c = Containerd::start_configured("pool-block", &pool.config);
+    pool.wait_full(&mut factory, &[]);
+    let dev = disk.path().display().to_string();
+    let script = format!(
+        "stat -c %t {dev} && printf pooled-disk > /tmp/b && \
+         dd if=/tmp/b of={dev} conv=fsync 2>/dev/null && dd if={dev} bs=11 count=1 2>/dev/null"
+    );
+    let out = c.run(
+        "pool-blk",
+        &["--rm", "--device", &dev],
+        &["sh", "-c", &script],
+    );
+    assert!(
+        out.status.success(),
+        "ctr run --device failed: {}\n{}",
+        stderr(&out),
+        c.log_tail()
+    );
+    let log = c.log();
+    assert!(
+        logged(&log, "pool-blk", "phase: VM claimed from pool"),
+        "the sandbox did not start from the pool:\n{}",
+        shim_lines(&log, "pool-blk").join("\n")
+    );
+    // The guest's SCSI disk (sd, major 8), not the host's loop device (7).
+    assert_eq!(stdout(&out), "8\npooled-disk", "{}", stderr(&out));
+    assert_no_leftovers("pool-blk");
+    assert_eq!(&disk.detach_and_read()[..11], b"pooled-disk");
+}
+
 #[test]
 fn without_a_running_factory_sandboxes_boot_cold() {
     let pool = TestPool::new("nofactory", RuntimeConfig::qemu(), POOL_SIZE);

@@ -416,6 +416,19 @@ impl Hypervisor for Builtin {
             .map(RunningVm::pids)
             .unwrap_or_default()
     }
+
+    async fn add_block_device(
+        &mut self,
+        _file: std::os::fd::OwnedFd,
+        _read_only: bool,
+    ) -> Result<crate::AttachedBlock, Error> {
+        Err(Error::Unsupported(
+            "the builtin VMM (kata-vmm, RuntimeClass kata-builtin) cannot attach devices to a \
+             running VM; run pods with raw block volumes (volumeDevices) or block devices with \
+             the QEMU backend (RuntimeClass kata)"
+                .into(),
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -312,3 +312,19 @@ async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
         assert!(out.stdout.is_empty(), "virtiofsd survived: {:?}", out);
     }
 }
+
+#[tokio::test]
+async fn a_block_device_is_refused_saying_kata_vmm_cannot_attach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut vm = Builtin::new(config(dir.path()), crate::discard_logger());
+    let file = std::fs::File::open("/dev/null").unwrap();
+    let e = vm
+        .add_block_device(file.into(), true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kata-vmm") && e.contains("RuntimeClass kata"),
+        "{e}"
+    );
+}

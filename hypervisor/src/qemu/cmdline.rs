@@ -87,6 +87,11 @@ pub const QEMU_SANDBOX: &str =
 ///   path. Under KVM freeing costs nothing and the memory is worth more.
 pub const TCG_KERNEL_PARAMS: &str = "virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem";
 
+/// With the SCSI controller (`block_device_hotplug`): the guest kernel does not scan
+/// its 256 targets at boot, which are empty (disks come later), nor on QEMU's hotplug
+/// event; it scans a target when the agent asks, once the shim has added a disk there.
+pub const SCSI_SCAN_PARAM: &str = "scsi_mod.scan=manual";
+
 /// The guest kernel command line.
 pub fn kernel_cmdline(
     config: &QemuConfig,
@@ -113,6 +118,10 @@ pub fn kernel_cmdline(
     if config.rootfs_share().is_some() {
         cmdline.push(' ');
         cmdline.push_str(ROOTFS_SHARE_PARAM);
+    }
+    if config.block_device_hotplug {
+        cmdline.push(' ');
+        cmdline.push_str(SCSI_SCAN_PARAM);
     }
     let extra = config.kernel_params.trim();
     if !extra.is_empty() {
@@ -201,6 +210,10 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         ));
     }
     args.extend(["-device".into(), BALLOON.into()]);
+    if l.config.block_device_hotplug {
+        // Present from boot: microvm has no bus that takes a controller later.
+        args.extend(["-device".into(), super::hotplug::SCSI_CONTROLLER.into()]);
+    }
     for (i, nic) in l.net.iter().enumerate() {
         // The tap exists already (the shim made it, with its tc redirects); QEMU attaches
         // to it by name and runs no scripts, or, confined, gets it opened.
@@ -317,7 +330,7 @@ virtio_fs_cache = "never"
              -object memory-backend-memfd,id=mem,size=256M,share=on \
              -nodefaults -no-user-config -nographic -no-reboot \
              -kernel /k/vmlinux -initrd /k/initrd.img \
-             -append console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share agent.log=debug \
+             -append console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share scsi_mod.scan=manual agent.log=debug \
              -add-fd fd=3,set=3 -chardev file,id=console,path=/dev/fdset/3,append=on -serial chardev:console \
              -chardev socket,id=qmp,path=/run/vc/sb1/qmp.sock,server=on,wait=off \
              -mon chardev=qmp,mode=control \
@@ -327,14 +340,27 @@ virtio_fs_cache = "never"
              -device vhost-user-fs-device,chardev=fs,tag=kataShared,queue-size=1024 \
              -chardev socket,id=rootfs,path=/run/vc/sb1/virtiofsd-rootfs.sock \
              -device vhost-user-fs-device,chardev=rootfs,tag=kataRootfs,queue-size=1024 \
-             -device virtio-balloon-device,free-page-reporting=on"
+             -device virtio-balloon-device,free-page-reporting=on \
+             -device virtio-scsi-device,id=scsi0"
         );
         // The kernel command line is one argument.
         let i = args.iter().position(|a| a == "-append").unwrap();
         assert_eq!(
             args[i + 1],
-            "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share agent.log=debug"
+            "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet virtiofs.clear_reply_pages=1 nolapic_timer keep_initmem agent.rootfs_share scsi_mod.scan=manual agent.log=debug"
         );
+    }
+
+    #[test]
+    fn the_scsi_controller_is_there_only_with_block_device_hotplug() {
+        let mut config = config();
+        let layout = RunDirLayout::new(Path::new("/run/vc/sb1"));
+        let has_controller =
+            |c: &QemuConfig| joined(&qemu_args(&launch(c, &layout))).contains("virtio-scsi-device");
+        assert!(config.block_device_hotplug, "on by default");
+        assert!(has_controller(&config));
+        config.block_device_hotplug = false;
+        assert!(!has_controller(&config));
     }
 
     #[test]
@@ -375,6 +401,7 @@ virtio_fs_cache = "never"
         let mut config = config();
         config.kernel_params = "  ".into();
         config.virtio_fs_rootfs_cache = config.virtio_fs_cache;
+        config.block_device_hotplug = false;
         assert_eq!(
             kernel_cmdline(&config, Accel::Kvm, false, Some("tsc_early_khz=1")),
             "console=ttyS0 reboot=t panic=-1 no_timer_check page_reporting.page_reporting_order=5 io_delay=none quiet"
@@ -414,7 +441,7 @@ virtio_fs_cache = "never"
             ..launch(&config, &layout)
         }));
         assert!(
-            s.contains("nolapic_timer keep_initmem tsc_early_khz=2600000 tsc=reliable agent.rootfs_share agent.log=debug"),
+            s.contains("nolapic_timer keep_initmem tsc_early_khz=2600000 tsc=reliable agent.rootfs_share scsi_mod.scan=manual agent.log=debug"),
             "{s}"
         );
         assert!(

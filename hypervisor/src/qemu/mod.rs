@@ -17,6 +17,7 @@
 //! until the shim speaks both, every host uses the vhost-user backend (TODO).
 
 pub mod cmdline;
+pub mod hotplug;
 pub mod layout;
 mod qmp;
 
@@ -36,8 +37,9 @@ use crate::process::{
     RunningVm, Wait, POLL,
 };
 use crate::virtiofsd::{log_command, Shares};
-use crate::{Error, Hypervisor, VmConfig, VmInfo};
+use crate::{AttachedBlock, Error, Hypervisor, VmConfig, VmInfo};
 use cmdline::QemuLaunch;
+use hotplug::ScsiDisks;
 use layout::RunDirLayout;
 
 /// How long QEMU may take to set up the machine (TCG on a busy host is slow).
@@ -50,6 +52,8 @@ pub struct Qemu {
     running: Option<RunningVm>,
     /// The uid and gid QEMU and the vsock backend run as, claimed while the VM runs.
     ids: Option<SandboxIds>,
+    /// Disks attached to the running VM (with `block_device_hotplug`).
+    disks: Option<ScsiDisks>,
 }
 
 impl Qemu {
@@ -59,6 +63,7 @@ impl Qemu {
             logger: logger.new(o!("hypervisor" => "qemu")),
             running: None,
             ids: None,
+            disks: None,
         }
     }
 
@@ -302,6 +307,10 @@ impl Hypervisor for Qemu {
                     helper_pids,
                     files: layout.stale_files(),
                 });
+                self.disks = self
+                    .config
+                    .block_device_hotplug
+                    .then(|| ScsiDisks::new(layout.qmp_socket.clone()));
                 Ok(info)
             }
             Err(e) => {
@@ -315,6 +324,8 @@ impl Hypervisor for Qemu {
     }
 
     async fn stop_vm(&mut self) -> Result<(), Error> {
+        // The VM's end detaches its disks, and QEMU's closes their descriptors.
+        self.disks = None;
         let stopped = match self.running.take() {
             Some(running) => running.stop(&self.logger).await,
             None => Ok(()),
@@ -333,6 +344,34 @@ impl Hypervisor for Qemu {
             .as_ref()
             .map(RunningVm::pids)
             .unwrap_or_default()
+    }
+
+    async fn add_block_device(
+        &mut self,
+        file: std::os::fd::OwnedFd,
+        read_only: bool,
+    ) -> Result<AttachedBlock, Error> {
+        if !self.config.block_device_hotplug {
+            return Err(Error::Unsupported(
+                "block devices cannot be attached to this sandbox's VM: it has no SCSI \
+                 controller, as [hypervisor.qemu] block_device_hotplug = false in the \
+                 configuration; set it to true (the default) for pods with raw block volumes"
+                    .into(),
+            ));
+        }
+        match &mut self.disks {
+            Some(disks) => disks.add(file, read_only).await,
+            None => Err(Error::Unsupported(
+                "the VM is not running; no device can be attached".into(),
+            )),
+        }
+    }
+
+    async fn remove_block_device(&mut self, id: &str) -> Result<(), Error> {
+        match &mut self.disks {
+            Some(disks) => disks.remove(id).await,
+            None => Ok(()),
+        }
     }
 }
 

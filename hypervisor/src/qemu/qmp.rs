@@ -1,5 +1,8 @@
-//! Just enough QMP to know that QEMU is up: its greeting arrives once machine setup
-//! (kernel loading, vhost-user handshakes) is done and the main loop runs.
+//! Just enough QMP: the greeting, which tells that QEMU is up (it arrives once machine
+//! setup, kernel loading and vhost-user handshakes, is done and the main loop runs), and a
+//! blocking session for the commands of device hotplug ([`super::hotplug`]), with a
+//! descriptor passed along where a command takes one. QEMU is not trusted: what it sends
+//! is bounded in size and waited for with a deadline.
 
 use std::path::Path;
 
@@ -27,4 +30,190 @@ pub(crate) async fn read_greeting(socket: &Path) -> Greeting {
         Ok(n) if n > 0 && line.contains("\"QMP\"") => Greeting::Ready,
         _ => Greeting::Closed,
     }
+}
+
+/// The longest QMP message read: QEMU's answers to the commands sent here are a few
+/// hundred bytes; a longer line means something is wrong, and QEMU is not trusted.
+const MAX_MESSAGE: u64 = 64 * 1024;
+/// Events read while waiting for one answer, at most (QEMU sends few unasked).
+const MAX_EVENTS: usize = 256;
+
+/// Why a QMP command failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QmpError {
+    #[error("talking to QEMU on {socket}: {source}")]
+    Io {
+        socket: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("QEMU sent {0}")]
+    Protocol(String),
+    /// QEMU refused the command: its class and description.
+    #[error("QEMU refused {command}: {desc} ({class})")]
+    Refused {
+        command: String,
+        class: String,
+        desc: String,
+    },
+}
+
+/// A blocking QMP session (greeting read, capabilities negotiated), for commands sent one
+/// at a time. Run it off the async runtime (`spawn_blocking`).
+///
+/// Descriptors added with [`QmpSession::execute_with_fd`] stay in their fd set while a
+/// device uses them, or while this session lasts: QEMU drops an unused set's descriptors
+/// when no monitor is connected.
+pub(crate) struct QmpSession {
+    socket: String,
+    stream: std::os::unix::net::UnixStream,
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+}
+
+impl QmpSession {
+    /// Connects to `socket` and negotiates capabilities; every read and write of the
+    /// session waits at most `timeout`.
+    pub(crate) fn connect(socket: &Path, timeout: std::time::Duration) -> Result<Self, QmpError> {
+        let name = socket.display().to_string();
+        let io = |source| QmpError::Io {
+            socket: name.clone(),
+            source,
+        };
+        let stream = std::os::unix::net::UnixStream::connect(socket).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(timeout)).map_err(io)?;
+        let reader = std::io::BufReader::new(stream.try_clone().map_err(io)?);
+        let mut session = QmpSession {
+            socket: name.clone(),
+            stream,
+            reader,
+        };
+        let greeting = session.read_message()?;
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Protocol(format!(
+                "no greeting on {name} but {}",
+                short(&greeting)
+            )));
+        }
+        session.execute(&serde_json::json!({ "execute": "qmp_capabilities" }))?;
+        Ok(session)
+    }
+
+    /// Sends `command` and returns its `return` value.
+    pub(crate) fn execute(
+        &mut self,
+        command: &serde_json::Value,
+    ) -> Result<serde_json::Value, QmpError> {
+        self.send(command, None)?;
+        self.answer(command)
+    }
+
+    /// Sends `command` with `fd` attached (SCM_RIGHTS), as `getfd` and `add-fd` want it.
+    pub(crate) fn execute_with_fd(
+        &mut self,
+        command: &serde_json::Value,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<serde_json::Value, QmpError> {
+        self.send(command, Some(fd))?;
+        self.answer(command)
+    }
+
+    fn send(
+        &mut self,
+        command: &serde_json::Value,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(), QmpError> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let mut bytes = command.to_string().into_bytes();
+        bytes.push(b'\n');
+        let io = |source| QmpError::Io {
+            socket: self.socket.clone(),
+            source,
+        };
+        match fd {
+            None => self.stream.write_all(&bytes).map_err(io),
+            Some(fd) => {
+                // The descriptor rides on the first byte; the rest follows as usual.
+                let fds = [fd.as_raw_fd()];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                let iov = [std::io::IoSlice::new(&bytes)];
+                let sent = sendmsg::<()>(
+                    self.stream.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(|e| io(e.into()))?;
+                self.stream.write_all(&bytes[sent..]).map_err(io)
+            }
+        }
+    }
+
+    /// The answer to `command`, skipping the events that come before it.
+    fn answer(&mut self, command: &serde_json::Value) -> Result<serde_json::Value, QmpError> {
+        for _ in 0..MAX_EVENTS {
+            let mut msg = self.read_message()?;
+            if msg.get("event").is_some() {
+                continue;
+            }
+            if let Some(ret) = msg.get_mut("return") {
+                return Ok(ret.take());
+            }
+            if let Some(err) = msg.get("error") {
+                let field = |k: &str| {
+                    err.get(k)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .chars()
+                        .take(500)
+                        .collect::<String>()
+                };
+                return Err(QmpError::Refused {
+                    command: command
+                        .get("execute")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("?")
+                        .to_string(),
+                    class: field("class"),
+                    desc: field("desc"),
+                });
+            }
+            return Err(QmpError::Protocol(format!("an unexpected {}", short(&msg))));
+        }
+        Err(QmpError::Protocol(format!(
+            "more than {MAX_EVENTS} events and no answer"
+        )))
+    }
+
+    fn read_message(&mut self) -> Result<serde_json::Value, QmpError> {
+        use std::io::{BufRead, Read};
+        let mut line = Vec::new();
+        let n = (&mut self.reader)
+            .take(MAX_MESSAGE)
+            .read_until(b'\n', &mut line)
+            .map_err(|source| QmpError::Io {
+                socket: self.socket.clone(),
+                source,
+            })?;
+        if n == 0 {
+            return Err(QmpError::Protocol(
+                "nothing: it closed the connection".into(),
+            ));
+        }
+        if line.last() != Some(&b'\n') {
+            return Err(QmpError::Protocol(format!(
+                "a message longer than {MAX_MESSAGE} bytes"
+            )));
+        }
+        serde_json::from_slice(&line)
+            .map_err(|e| QmpError::Protocol(format!("a message that is not JSON ({e})")))
+    }
+}
+
+/// A message, cut short for an error.
+fn short(v: &serde_json::Value) -> String {
+    v.to_string().chars().take(200).collect()
 }

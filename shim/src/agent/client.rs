@@ -260,12 +260,14 @@ impl Agent for KataAgent {
         spec: Vec<u8>,
         stdin: bool,
         pod_sandbox: bool,
+        block_devices: Vec<protocols::agent::BlockDevice>,
     ) -> Result<()> {
         let req = CreateContainerRequest {
             container_id: id.to_string(),
             oci_spec: spec,
             stdin,
             pod_sandbox,
+            block_devices,
             ..Default::default()
         };
         let r = self.client.create_container(ctx(), &req);

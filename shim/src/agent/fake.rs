@@ -161,6 +161,7 @@ impl Agent for FakeAgent {
         _spec: Vec<u8>,
         _stdin: bool,
         _pod_sandbox: bool,
+        _block_devices: Vec<protocols::agent::BlockDevice>,
     ) -> Result<()> {
         self.record("CreateContainer", id, "");
         let gate = self

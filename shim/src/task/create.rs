@@ -218,6 +218,9 @@ impl Inner {
             .map_err(|e| match e {
                 ContainerError::Host(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
                 ContainerError::Spec(e) => super::state::failed(e),
+                e @ ContainerError::Device { .. } => {
+                    status(Code::FAILED_PRECONDITION, e.to_string())
+                }
                 ContainerError::Guest(e) => agent_err(e),
             })?;
         let mut init = Process::new(p.stdio.clone(), None);
@@ -229,6 +232,7 @@ impl Inner {
                 bundle: p.bundle.clone(),
                 mounts: host.mounts,
                 share_dir: host.share_dir,
+                block_devices: host.block_devices,
                 init,
                 execs: HashMap::new(),
             },

@@ -182,7 +182,7 @@ impl Inner {
     /// Removes container `cid` from the guest and the host; ends the sandbox when it was
     /// the last one.
     async fn delete_container(&self, cid: &str) -> Result<Option<Exit>> {
-        let (c, sb) = {
+        let (mut c, sb) = {
             let mut st = self.lock();
             let c = st.container(cid)?;
             if matches!(c.init.status(), Status::Running | Status::Paused) {
@@ -210,12 +210,16 @@ impl Inner {
         let last = self.lock().is_empty();
         if !last {
             self.remove_in_guest(&sb, cid).await;
+            // Once no process of it can hold them.
+            sb.remove_block_devices(cid, &c.block_devices).await;
         }
         sb.remove_container_host(&c.mounts, &c.share_dir);
+        let block_devices = std::mem::take(&mut c.block_devices);
         drop(c);
         if !self.end_sandbox_if_empty().await && last {
             // A create came in meanwhile and keeps the sandbox: remove it after all.
             self.remove_in_guest(&sb, cid).await;
+            sb.remove_block_devices(cid, &block_devices).await;
         }
         Ok(exit)
     }
