@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocols::stdio::StdioStream;
-use slog::{debug, warn, Logger};
+use slog::{debug, info, warn, Logger};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -177,7 +177,7 @@ fn spawn_output(target: &Target, stream: StdioStream, path: Option<String>) -> J
                     }
                 });
             match conn {
-                Ok(conn) => relay_output(conn, fifo, stream, &t.log).await,
+                Ok(conn) => relay_output(conn, fifo, path.as_deref(), stream, &t.log).await,
                 Err(e) => {
                     warn!(t.log, "{stream} of the process is lost"; "container" => &t.cid,
                         "exec" => &t.exec_id, "error" => %e);
@@ -189,33 +189,86 @@ fn spawn_output(target: &Target, stream: StdioStream, path: Option<String>) -> J
     })
 }
 
-/// Moves the guest's bytes from `conn` into `fifo` until the guest's end of stream;
-/// once nobody reads the fifo (or there is none), reads on and discards. Returns the
-/// bytes received.
+/// How often a relay whose fifo lost its reader looks for a new one.
+const REATTACH_EVERY: Duration = Duration::from_millis(500);
+
+/// Moves the guest's bytes from `conn` into `fifo` until the guest's end of stream.
+/// While nobody reads the fifo (its reader went away), reads on and discards, so the
+/// guest's pipe never fills; when a reader opens the fifo at `path` again (containerd
+/// restarted: it reattaches to the fifos of the tasks it finds), the bytes go there
+/// again. Returns the bytes received.
 async fn relay_output(
     conn: UnixStream,
     fifo: Option<OwnedFd>,
+    path: Option<&str>,
     stream: StdioStream,
     log: &Logger,
 ) -> io::Result<u64> {
     let conn = register(OwnedFd::from(conn.into_std()?))?;
     let mut total = 0u64;
-    if let Some(fifo) = fifo {
-        let fifo = register(fifo)?;
+    let Some(fifo) = fifo else {
+        discard(&conn, &mut total, None).await?;
+        return Ok(total);
+    };
+    let mut fifo = register(fifo)?;
+    loop {
         match splice_all(&conn, &fifo, &mut total).await? {
             Spliced::End => return Ok(total),
             Spliced::ReaderGone => {
-                warn!(log, "{stream} reader went away, discarding the rest")
+                warn!(
+                    log,
+                    "{stream} reader went away, discarding until one comes back"
+                )
+            }
+        }
+        let Some(path) = path else {
+            discard(&conn, &mut total, None).await?;
+            return Ok(total);
+        };
+        match discard(&conn, &mut total, Some(path)).await? {
+            Some(back) => {
+                info!(log, "{stream} reader came back, relaying again");
+                fifo = register(back)?;
+            }
+            None => return Ok(total),
+        }
+    }
+}
+
+/// Reads `conn` and drops the bytes until its end (None) or, with `reattach`, until the
+/// fifo at that path has a reader again (its fd, opened for writing).
+async fn discard(
+    conn: &AsyncFd<OwnedFd>,
+    total: &mut u64,
+    reattach: Option<&str>,
+) -> io::Result<Option<OwnedFd>> {
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut tick = tokio::time::interval(REATTACH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            n = read_fd(conn, &mut buf) => match n? {
+                0 => return Ok(None),
+                n => *total += n as u64,
+            },
+            _ = tick.tick(), if reattach.is_some() => {
+                if let Some(fd) = reattach.and_then(open_fifo_with_reader) {
+                    return Ok(Some(fd));
+                }
             }
         }
     }
-    let mut buf = vec![0u8; COPY_CHUNK];
-    loop {
-        match read_fd(&conn, &mut buf).await? {
-            0 => return Ok(total),
-            n => total += n as u64,
-        }
-    }
+}
+
+/// The fifo at `path` opened for writing, when it is a fifo that has a reader now.
+fn open_fifo_with_reader(path: &str) -> Option<OwnedFd> {
+    use nix::fcntl::{open, OFlag};
+    use nix::sys::stat::Mode;
+    let flags = OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = open(path, flags, Mode::empty()).ok()?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    is_fifo(&fd).then_some(fd)
 }
 
 /// Hands a non-blocking fd to tokio's reactor.
@@ -484,7 +537,7 @@ mod tests {
         assert!(fifo.is_some());
         // Only now: a fifo without a writer reads as end of file.
         let got = drain(reader);
-        let n = relay_output(shim, fifo, StdioStream::Stdout, &logger())
+        let n = relay_output(shim, fifo, Some(&path), StdioStream::Stdout, &logger())
             .await
             .unwrap();
         writer.await.unwrap();
@@ -506,12 +559,73 @@ mod tests {
             let writer = tokio::spawn(async move {
                 guest.write_all(&pattern(3 << 20)).await.unwrap();
             });
-            let n = relay_output(shim, fifo, StdioStream::Stderr, &logger())
+            let n = relay_output(shim, fifo, Some(&path), StdioStream::Stderr, &logger())
                 .await
                 .unwrap();
             writer.await.unwrap();
             assert_eq!(n, 3 << 20);
         }
+    }
+
+    /// A reader that goes away and comes back (containerd restarted) gets what the guest
+    /// writes after it came back; what came while nobody read is dropped.
+    #[tokio::test]
+    async fn output_reaches_a_reader_that_comes_back() {
+        let (_dir, path, reader) = fifo();
+        let (mut guest, shim) = UnixStream::pair().unwrap();
+        let fifo = open_output_fifo(&path, StdioStream::Stdout, &logger()).await;
+        let relay_path = path.clone();
+        let relay = tokio::spawn(async move {
+            relay_output(
+                shim,
+                fifo,
+                Some(&relay_path),
+                StdioStream::Stdout,
+                &logger(),
+            )
+            .await
+        });
+        guest.write_all(b"before\n").await.unwrap();
+        let mut first = [0u8; 7];
+        let mut reader = reader;
+        tokio::task::spawn_blocking(move || {
+            let mut at = 0;
+            while at < first.len() {
+                match io::Read::read(&mut reader, &mut first[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(&first, b"before\n");
+        })
+        .await
+        .unwrap();
+        // Nobody reads now: what the guest writes is dropped, and it is not blocked.
+        guest.write_all(&pattern(1 << 20)).await.unwrap();
+        let back_path = path.clone();
+        let back = tokio::task::spawn_blocking(move || {
+            let mut r = std::fs::File::open(&back_path).unwrap();
+            let mut got = Vec::new();
+            io::Read::read_to_end(&mut r, &mut got).unwrap();
+            got
+        });
+        // The relay looks for a reader twice a second; write until it found this one.
+        for _ in 0..30 {
+            guest.write_all(b"after\n").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(guest);
+        relay.await.unwrap().unwrap();
+        let got = back.await.unwrap();
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.contains("after\n"),
+            "the reader that came back got nothing: {text:?}"
+        );
+        assert!(!text.contains("before"), "{text:?}");
     }
 
     /// What the shim writes to the stdin fifo reaches the process, and the fifo's end
