@@ -45,8 +45,12 @@ impl AgentService for AgentRpc {
         _: &TtrpcContext,
         r: CreateContainerRequest,
     ) -> RpcResult<Empty> {
+        let volumes = crate::volume::Requested {
+            pod_local: r.pod_local_volumes,
+            watched: r.watched_volumes,
+        };
         self.sandbox
-            .create_container(&r.container_id, &r.oci_spec, r.stdin, r.pod_sandbox)
+            .create_container(&r.container_id, &r.oci_spec, r.stdin, r.pod_sandbox, &volumes)
             .await?;
         Ok(Empty::new())
     }

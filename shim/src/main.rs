@@ -11,6 +11,7 @@ mod container;
 mod events;
 mod factory;
 mod io;
+mod kubelet_volume;
 mod launch;
 mod log;
 mod metrics;

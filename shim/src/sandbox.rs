@@ -778,7 +778,7 @@ impl Sandbox {
         id: &str,
         bundle: &Path,
         rootfs: &[containerd_shim_protos::api::Mount],
-        binds: &[crate::spec::HostBind],
+        guest_mounts: &crate::spec::GuestMounts,
         mut spec: serde_json::Value,
         stdin: bool,
         pod_sandbox: bool,
@@ -787,15 +787,23 @@ impl Sandbox {
         let serving = mount::serving_namespaces(&self.helper_pids());
         let mounts = self
             .host_mounts
-            .setup(bundle, rootfs, &share_dir, binds, &serving)
+            .setup(bundle, rootfs, &share_dir, &guest_mounts.binds, &serving)
             .await?;
         self.add_mounts(&mounts);
         let made = HostContainer { mounts, share_dir };
         crate::spec::set_guest_rootfs(&mut spec, self.guest_rootfs_root, id);
         let created = match serde_json::to_vec(&spec) {
-            Ok(bytes) => self
+            Ok(oci_spec) => self
                 .agent
-                .create_container(id, bytes, stdin, pod_sandbox)
+                .create_container(protocols::agent::CreateContainerRequest {
+                    container_id: id.to_string(),
+                    oci_spec,
+                    stdin,
+                    pod_sandbox,
+                    pod_local_volumes: guest_mounts.pod_local.clone(),
+                    watched_volumes: guest_mounts.watched.clone(),
+                    ..Default::default()
+                })
                 .await
                 .map_err(ContainerError::Guest),
             Err(e) => Err(ContainerError::Spec(e)),

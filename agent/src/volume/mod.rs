@@ -1,0 +1,122 @@
+//! kubelet's volumes that the guest keeps itself, as the shim marks them in
+//! CreateContainerRequest (see `shim/src/kubelet_volume.rs`):
+//!
+//! - `pod_local`: emptyDirs, a guest directory (or tmpfs) per pod volume, which never
+//!   crosses virtio-fs, so that unix sockets and FIFOs on it work between containers;
+//! - `mirror` and `watch`: ConfigMap, Secret, projected and downward API volumes copied
+//!   from the share into the guest and kept in sync, so that inotify in the container
+//!   sees kubelet's updates.
+//!
+//! [`prepare`] points the container's spec mounts at them before its stage runs; the
+//! container owns the [`ContainerVolumes`] that result and stops them when it goes.
+
+pub mod mirror;
+pub mod pod_local;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+
+use protocols::agent::{PodLocalVolume, WatchedVolume};
+use slog::{info, warn, Logger};
+
+use crate::error::{AgentError, Result};
+use crate::spec::{Mount, Spec};
+use pod_local::PodVolumes;
+
+/// The volumes of a container's create request.
+#[derive(Debug, Default, Clone)]
+pub struct Requested {
+    pub pod_local: Vec<PodLocalVolume>,
+    pub watched: Vec<WatchedVolume>,
+}
+
+/// What a container holds of its volumes: the syncs of its watched volumes.
+#[derive(Default)]
+pub struct ContainerVolumes {
+    watched: Vec<watch::WatchedVolume>,
+    /// The container's directory of copies, removed with the last of them.
+    dir: Option<PathBuf>,
+}
+
+impl ContainerVolumes {
+    /// Stops every sync and removes the copies.
+    pub fn stop(&mut self, log: &Logger) {
+        for w in self.watched.drain(..) {
+            w.stop(log);
+        }
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn mount_at<'a>(spec: &'a mut Spec, index: u32, what: &str) -> Result<&'a mut Mount> {
+    let len = spec.mounts.len();
+    let m = spec.mounts.get_mut(index as usize).ok_or_else(|| {
+        AgentError::InvalidArgument(format!(
+            "{what} names mount {index}, but the spec has {len} mounts"
+        ))
+    })?;
+    let bind =
+        m.typ.as_deref() == Some("bind") || m.options.iter().any(|o| o == "bind" || o == "rbind");
+    if !bind {
+        return Err(AgentError::InvalidArgument(format!(
+            "{what} names mount {index} ({}), which is not a bind mount",
+            m.destination
+        )));
+    }
+    Ok(m)
+}
+
+/// Points the spec's marked mounts at the guest's volumes: pod volumes made (or found)
+/// in `pod`, watched volumes copied under `watched_root/<id>/` and synced from then on.
+/// A watched volume the guest cannot copy (over the size cap, unreadable) stays a bind of
+/// the share, as every volume was before, and the log says why.
+pub fn prepare(
+    log: &Logger,
+    id: &str,
+    spec: &mut Spec,
+    req: &Requested,
+    pod: &PodVolumes,
+    watched_root: &Path,
+) -> Result<ContainerVolumes> {
+    for v in &req.pod_local {
+        let m = mount_at(spec, v.mount_index, "a pod volume")?;
+        let dir = pod.ensure(v)?;
+        m.source = Some(dir.display().to_string());
+        info!(log, "pod volume in the guest"; "container_id" => id, "volume" => &v.name,
+            "destination" => &m.destination, "memory" => v.memory, "size_bytes" => v.size_bytes);
+    }
+    let mut volumes = ContainerVolumes::default();
+    for v in &req.watched {
+        let m = match mount_at(spec, v.mount_index, "a watched volume") {
+            Ok(m) => m,
+            Err(e) => {
+                volumes.stop(log);
+                return Err(e);
+            }
+        };
+        let Some(src) = m.source.clone() else {
+            continue;
+        };
+        let dir = watched_root.join(id);
+        let dest = dir.join(v.mount_index.to_string());
+        volumes.dir = Some(dir);
+        match watch::start(log, Path::new(&src), &dest) {
+            Ok(w) => {
+                volumes.watched.push(w);
+                m.source = Some(dest.display().to_string());
+                // The copy is the agent's: the container reads it only.
+                m.options.retain(|o| o != "rw");
+                m.options.push("ro".into());
+                info!(log, "watched volume copied into the guest"; "container_id" => id,
+                    "destination" => &m.destination);
+            }
+            Err(e) => {
+                warn!(log, "watched volume served over virtio-fs as it is: kubelet's updates raise no inotify events in it";
+                    "container_id" => id, "destination" => &m.destination, "reason" => %e);
+            }
+        }
+    }
+    Ok(volumes)
+}
