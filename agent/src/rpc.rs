@@ -50,7 +50,13 @@ impl AgentService for AgentRpc {
             watched: r.watched_volumes,
         };
         self.sandbox
-            .create_container(&r.container_id, &r.oci_spec, r.stdin, r.pod_sandbox, &volumes)
+            .create_container(
+                &r.container_id,
+                &r.oci_spec,
+                r.stdin,
+                r.pod_sandbox,
+                &volumes,
+            )
             .await?;
         Ok(Empty::new())
     }

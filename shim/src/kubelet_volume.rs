@@ -20,7 +20,10 @@ use std::path::{Component, Path};
 /// What a bind source of kubelet's is to the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubeletVolume {
-    EmptyDir { pod_uid: String, name: String },
+    EmptyDir {
+        pod_uid: String,
+        name: String,
+    },
     /// ConfigMap, Secret, projected or downward API: written by kubelet's atomic writer.
     Watched,
 }
@@ -150,11 +153,7 @@ mod tests {
         );
         for plugin in ["configmap", "secret", "projected", "downward-api"] {
             let p = format!("/var/lib/kubelet/pods/u1/volumes/kubernetes.io~{plugin}/v");
-            assert_eq!(
-                classify(Path::new(&p)),
-                Some(KubeletVolume::Watched),
-                "{p}"
-            );
+            assert_eq!(classify(Path::new(&p)), Some(KubeletVolume::Watched), "{p}");
         }
         for other in [
             // subPath binds: never updated by kubelet, a host bind as for runc.

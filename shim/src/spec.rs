@@ -306,14 +306,15 @@ pub fn rewrite_for_guest(
             })?;
             match crate::kubelet_volume::classify(&real) {
                 Some(KubeletVolume::EmptyDir { pod_uid, name }) => {
-                    let setup = crate::kubelet_volume::empty_dir_setup(&real).map_err(|source| {
-                        SpecError::EmptyDir {
-                            index,
-                            destination: destination.clone(),
-                            path: real.display().to_string(),
-                            source,
-                        }
-                    })?;
+                    let setup =
+                        crate::kubelet_volume::empty_dir_setup(&real).map_err(|source| {
+                            SpecError::EmptyDir {
+                                index,
+                                destination: destination.clone(),
+                                path: real.display().to_string(),
+                                source,
+                            }
+                        })?;
                     let mut guest = opts.guest;
                     if opts.access != Access::ReadWrite {
                         guest.push(Value::String("ro".into()));
@@ -391,7 +392,6 @@ pub fn rewrite_for_guest(
     }
     Ok(out)
 }
-
 
 /// The annotations that tell a pod's sandbox container from its other containers.
 pub mod annotations {
@@ -496,7 +496,10 @@ mod tests {
         assert_eq!(out.binds[0].source, cfg);
         assert_eq!(out.pod_local.len(), 2);
         let v = &out.pod_local[0];
-        assert_eq!((v.mount_index, v.pod_uid.as_str(), v.name.as_str()), (1, "u-1", "cache"));
+        assert_eq!(
+            (v.mount_index, v.pod_uid.as_str(), v.name.as_str()),
+            (1, "u-1", "cache")
+        );
         assert!(!v.memory, "no tmpfs at the path: a disk emptyDir");
         assert_eq!(v.mode, 0o2775);
         assert_eq!(v.uid, nix::unistd::getuid().as_raw());
@@ -504,9 +507,15 @@ mod tests {
             spec["mounts"][1]["source"],
             "/run/kata-containers/sandbox/volumes/u-1/cache"
         );
-        assert_eq!(spec["mounts"][1]["options"], json!(["rbind", "rprivate", "rw"]));
+        assert_eq!(
+            spec["mounts"][1]["options"],
+            json!(["rbind", "rprivate", "rw"])
+        );
         // Nothing on the host enforces read-only for a guest-only volume: the guest does.
-        assert_eq!(spec["mounts"][2]["options"], json!(["rbind", "rprivate", "ro"]));
+        assert_eq!(
+            spec["mounts"][2]["options"],
+            json!(["rbind", "rprivate", "ro"])
+        );
         assert_eq!(out.watched.len(), 1);
         assert_eq!(out.watched[0].mount_index, 3);
         assert_eq!(

@@ -940,7 +940,11 @@ int main(int argc, char **argv) {
 fn kubelet_volumes_share_sockets_hold_memory_and_raise_inotify_events(h: Handler) {
     let c = &cri("kubelet-volumes", h);
     let config = c.pod_config("volumes");
-    let uid = config.metadata.as_ref().map(|m| m.uid.clone()).unwrap_or_default();
+    let uid = config
+        .metadata
+        .as_ref()
+        .map(|m| m.uid.clone())
+        .unwrap_or_default();
     let mut kubelet = FakeKubelet::new(&c.containerd().dir, &uid);
     // fsGroup 1234: the group's, setgid.
     let shared = kubelet.empty_dir("shared", 0o2775, 1234);
@@ -999,7 +1003,11 @@ fn kubelet_volumes_share_sockets_hold_memory_and_raise_inotify_events(h: Handler
     );
     // A FIFO likewise.
     let out = in_client("echo through-the-fifo | timeout 10 tee /shared/fifo >/dev/null");
-    assert_eq!(out.exit_code, 0, "write the other container's FIFO: {}", out.stderr);
+    assert_eq!(
+        out.exit_code, 0,
+        "write the other container's FIFO: {}",
+        out.stderr
+    );
     let out = c.exec(
         &server,
         &["sh", "-c", "for i in $(seq 1 50); do [ -s /shared/from-fifo ] && break; sleep 0.2; done; cat /shared/from-fifo"],
@@ -1038,7 +1046,10 @@ fn kubelet_volumes_share_sockets_hold_memory_and_raise_inotify_events(h: Handler
         out.stderr
     );
     assert!(seen < Duration::from_secs(5), "the event took {seen:?}");
-    eprintln!("{}: ConfigMap update seen in the container after {seen:?}", h.name());
+    eprintln!(
+        "{}: ConfigMap update seen in the container after {seen:?}",
+        h.name()
+    );
 
     c.remove_pod_checked(pod);
 }

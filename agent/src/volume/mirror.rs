@@ -21,8 +21,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{readlinkat, AtFlags, OFlag};
-use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
-use nix::unistd::{fchownat, FchownatFlags, Gid, Uid};
+use nix::sys::stat::{fstat, fstatat, Mode};
 
 /// The name every temporary file or symlink of [`apply`] has while it is written; an
 /// entry of the share with this name is not copied.
@@ -173,8 +172,8 @@ fn read_dir_into(
             Err(e) => return Err(io("stat", &src.join(&path))(errno(e))),
         };
         let meta = meta_of(st.st_uid, st.st_gid, st.st_mode);
-        let node = match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-            SFlag::S_IFDIR => {
+        let node = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {
                 let sub = match open_dir(Some(dir), Path::new(&name)) {
                     Ok(sub) => sub,
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
@@ -190,7 +189,7 @@ fn read_dir_into(
                 read_dir_into(&sub, src, &path, depth + 1, tree, budget, limit)?;
                 continue;
             }
-            SFlag::S_IFREG => match read_file(dir, &name, budget, limit) {
+            libc::S_IFREG => match read_file(dir, &name, budget, limit) {
                 Ok(bytes) => Node::File(bytes),
                 Err(MirrorError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::ENOENT) =>
@@ -206,7 +205,7 @@ fn read_dir_into(
                 }
                 Err(e) => return Err(e),
             },
-            SFlag::S_IFLNK => match readlinkat(Some(dir.as_raw_fd()), name.as_os_str()) {
+            libc::S_IFLNK => match readlinkat(Some(dir.as_raw_fd()), name.as_os_str()) {
                 Ok(target) => {
                     charge(budget, target.len() as u64, limit)?;
                     Node::Symlink(target)
@@ -236,7 +235,7 @@ fn read_file(
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let mut file = unsafe { File::from_raw_fd(fd) };
     let st = fstat(file.as_raw_fd()).map_err(|e| io("stat", p)(errno(e)))?;
-    if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(io("open", p)(std::io::Error::other("not a regular file")));
     }
     let mut bytes = Vec::new();
@@ -272,9 +271,8 @@ pub fn diff(old: &Tree, new: &Tree) -> Vec<Op> {
     let mut links = Vec::new();
     for (path, e) in &new.entries {
         let before = old.entries.get(path);
-        let same_kind = before.is_some_and(|b| {
-            std::mem::discriminant(&b.node) == std::mem::discriminant(&e.node)
-        });
+        let same_kind = before
+            .is_some_and(|b| std::mem::discriminant(&b.node) == std::mem::discriminant(&e.node));
         if before.is_some() && !same_kind {
             replace.push(Op::Replace(path.clone()));
         }
@@ -303,7 +301,12 @@ pub fn diff(old: &Tree, new: &Tree) -> Vec<Op> {
         .rev()
         .filter(|p| !new.entries.contains_key(*p))
         .map(|p| Op::Delete(p.clone()));
-    let mut ops: Vec<Op> = replace.into_iter().chain(dirs).chain(files).chain(links).collect();
+    let mut ops: Vec<Op> = replace
+        .into_iter()
+        .chain(dirs)
+        .chain(files)
+        .chain(links)
+        .collect();
     ops.extend(deletes);
     if let Some(root) = new.root.filter(|r| old.root != Some(*r)) {
         ops.push(Op::SetRootMeta(root));
@@ -346,14 +349,8 @@ pub fn apply(dest: &Path, ops: &[Op]) -> Result<(), MirrorError> {
                 let (path, tmp) = temp_beside(dest, rel);
                 remove(&tmp)?;
                 std::os::unix::fs::symlink(target, &tmp).map_err(io("create symlink", &tmp))?;
-                fchownat(
-                    None,
-                    &tmp,
-                    Some(Uid::from_raw(meta.uid)),
-                    Some(Gid::from_raw(meta.gid)),
-                    FchownatFlags::NoFollowSymlink,
-                )
-                .map_err(|e| io("chown", &tmp)(errno(e)))?;
+                std::os::unix::fs::lchown(&tmp, Some(meta.uid), Some(meta.gid))
+                    .map_err(io("chown", &tmp))?;
                 std::fs::rename(&tmp, &path).map_err(io("rename into place", &path))?;
             }
         }
@@ -423,7 +420,10 @@ mod tests {
         let dest = tempfile::tempdir().unwrap();
         write_version(src.path(), "..2026_1", &[("a", "one"), ("b", "bee")]);
         let first = sync(src.path(), dest.path(), &Tree::default());
-        assert_eq!(std::fs::read_to_string(dest.path().join("a")).unwrap(), "one");
+        assert_eq!(
+            std::fs::read_to_string(dest.path().join("a")).unwrap(),
+            "one"
+        );
         assert_eq!(
             std::fs::read_link(dest.path().join("..data")).unwrap(),
             Path::new("..2026_1")
@@ -462,7 +462,10 @@ mod tests {
         );
         apply(dest.path(), &ops).unwrap();
         assert_eq!(Tree::read(dest.path(), LIMIT).unwrap().entries, now.entries);
-        assert_eq!(std::fs::read_to_string(dest.path().join("a")).unwrap(), "two");
+        assert_eq!(
+            std::fs::read_to_string(dest.path().join("a")).unwrap(),
+            "two"
+        );
         assert!(!dest.path().join(TEMP_NAME).exists());
         // Nothing changed: nothing to do.
         assert!(diff(&now, &Tree::read(src.path(), LIMIT).unwrap()).is_empty());
@@ -474,8 +477,11 @@ mod tests {
         let dest = tempfile::tempdir().unwrap();
         std::fs::create_dir(src.path().join("d")).unwrap();
         std::fs::write(src.path().join("d/secret"), "s").unwrap();
-        std::fs::set_permissions(src.path().join("d/secret"), PermissionsExt::from_mode(0o440))
-            .unwrap();
+        std::fs::set_permissions(
+            src.path().join("d/secret"),
+            PermissionsExt::from_mode(0o440),
+        )
+        .unwrap();
         std::fs::set_permissions(src.path().join("d"), PermissionsExt::from_mode(0o2750)).unwrap();
         std::fs::set_permissions(src.path(), PermissionsExt::from_mode(0o1777)).unwrap();
         sync(src.path(), dest.path(), &Tree::default());
@@ -483,8 +489,15 @@ mod tests {
         assert_eq!(mode(&dest.path().join("d/secret")), 0o440);
         assert_eq!(mode(&dest.path().join("d")), 0o2750);
         assert_eq!(mode(dest.path()), 0o1777);
-        let uid = std::fs::metadata(src.path().join("d/secret")).unwrap().uid();
-        assert_eq!(std::fs::metadata(dest.path().join("d/secret")).unwrap().uid(), uid);
+        let uid = std::fs::metadata(src.path().join("d/secret"))
+            .unwrap()
+            .uid();
+        assert_eq!(
+            std::fs::metadata(dest.path().join("d/secret"))
+                .unwrap()
+                .uid(),
+            uid
+        );
     }
 
     #[test]
@@ -517,7 +530,10 @@ mod tests {
         let ops = diff(&first, &now);
         assert_eq!(ops[0], Op::Replace(PathBuf::from("x")));
         apply(dest.path(), &ops).unwrap();
-        assert_eq!(std::fs::read_to_string(dest.path().join("x")).unwrap(), "now a file");
+        assert_eq!(
+            std::fs::read_to_string(dest.path().join("x")).unwrap(),
+            "now a file"
+        );
     }
 
     #[test]
@@ -541,11 +557,18 @@ mod tests {
     fn many_files_are_copied() {
         let src = tempfile::tempdir().unwrap();
         let dest = tempfile::tempdir().unwrap();
-        let files: Vec<(String, String)> =
-            (0..50).map(|i| (format!("k{i}"), format!("v{i}"))).collect();
-        let refs: Vec<(&str, &str)> = files.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let files: Vec<(String, String)> = (0..50)
+            .map(|i| (format!("k{i}"), format!("v{i}")))
+            .collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         write_version(src.path(), "..1", &refs);
         sync(src.path(), dest.path(), &Tree::default());
-        assert_eq!(std::fs::read_to_string(dest.path().join("k49")).unwrap(), "v49");
+        assert_eq!(
+            std::fs::read_to_string(dest.path().join("k49")).unwrap(),
+            "v49"
+        );
     }
 }

@@ -120,3 +120,95 @@ pub fn prepare(
     }
     Ok(volumes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_with(mounts: serde_json::Value) -> Spec {
+        let json = serde_json::json!({"process": {"args": ["sh"], "cwd": "/"}, "mounts": mounts});
+        Spec::from_json(&serde_json::to_vec(&json).unwrap()).unwrap()
+    }
+
+    fn log() -> Logger {
+        Logger::root(slog::Discard, slog::o!())
+    }
+
+    #[tokio::test]
+    async fn marked_mounts_point_at_the_guests_volumes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let share = tmp.path().join("share-cfg");
+        std::fs::create_dir(&share).unwrap();
+        std::fs::write(share.join("key"), "v").unwrap();
+        let mut spec = spec_with(serde_json::json!([
+            {"destination": "/cache", "type": "bind", "source": "/x", "options": ["rbind", "rw"]},
+            {"destination": "/cfg", "type": "bind", "source": share, "options": ["rbind", "rw"]}
+        ]));
+        let req = Requested {
+            pod_local: vec![PodLocalVolume {
+                mount_index: 0,
+                pod_uid: "u1".into(),
+                name: "cache".into(),
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                mode: 0o777,
+                ..Default::default()
+            }],
+            watched: vec![WatchedVolume {
+                mount_index: 1,
+                ..Default::default()
+            }],
+        };
+        let pod = PodVolumes::at(&tmp.path().join("pod"));
+        let watched = tmp.path().join("watched");
+        let mut vols = prepare(&log(), "c1", &mut spec, &req, &pod, &watched).unwrap();
+        let cache = tmp.path().join("pod/u1/cache");
+        assert_eq!(spec.mounts[0].source.as_deref(), cache.to_str());
+        let copy = watched.join("c1/1");
+        assert_eq!(spec.mounts[1].source.as_deref(), copy.to_str());
+        assert_eq!(spec.mounts[1].options, ["rbind", "ro"]);
+        assert_eq!(std::fs::read_to_string(copy.join("key")).unwrap(), "v");
+        vols.stop(&log());
+        assert!(
+            !watched.join("c1").exists(),
+            "the copies go with the container"
+        );
+        assert!(
+            cache.exists(),
+            "the pod's volume stays for its next container"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mark_on_a_mount_that_is_no_bind_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(serde_json::json!([
+            {"destination": "/proc", "type": "proc", "source": "proc"}
+        ]));
+        let req = Requested {
+            watched: vec![WatchedVolume {
+                mount_index: 0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let pod = PodVolumes::at(tmp.path());
+        let err = prepare(&log(), "c1", &mut spec, &req, &pod, tmp.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not a bind mount"), "{err}");
+        let req = Requested {
+            watched: vec![WatchedVolume {
+                mount_index: 7,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = prepare(&log(), "c1", &mut spec, &req, &pod, tmp.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("has 1 mounts"), "{err}");
+    }
+}

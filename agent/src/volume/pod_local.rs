@@ -69,8 +69,14 @@ impl PodVolumes {
                 data.push_str(&format!(",size={}", v.size_bytes));
             }
             let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-            mount(Some("tmpfs"), &dir, Some("tmpfs"), flags, Some(data.as_str()))
-                .map_err(|e| fail("mount tmpfs for", &e))?;
+            mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                flags,
+                Some(data.as_str()),
+            )
+            .map_err(|e| fail("mount tmpfs for", &e))?;
         } else {
             std::os::unix::fs::chown(&dir, Some(v.uid), Some(v.gid))
                 .map_err(|e| fail("chown", &e))?;
@@ -130,9 +136,19 @@ mod tests {
     fn names_that_leave_the_pods_directory_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let vols = PodVolumes::at(tmp.path());
-        for (uid, name) in [("..", "x"), ("u1", ".."), ("u1", "a/b"), ("", "x"), ("u1", "."), ("/", "x")] {
+        for (uid, name) in [
+            ("..", "x"),
+            ("u1", ".."),
+            ("u1", "a/b"),
+            ("", "x"),
+            ("u1", "."),
+            ("/", "x"),
+        ] {
             let err = vols.ensure(&volume(uid, name)).unwrap_err().to_string();
-            assert!(err.contains("one path component"), "{uid:?} {name:?}: {err}");
+            assert!(
+                err.contains("one path component"),
+                "{uid:?} {name:?}: {err}"
+            );
         }
     }
 }

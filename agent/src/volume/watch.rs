@@ -35,7 +35,9 @@ impl Signature {
     /// `None` when the share has no `..data` link (not kubelet's atomic writer's layout):
     /// then every poll compares the whole tree.
     fn of(src: &Path) -> Option<Signature> {
-        let data_link = std::fs::read_link(src.join("..data")).ok()?.into_os_string();
+        let data_link = std::fs::read_link(src.join("..data"))
+            .ok()?
+            .into_os_string();
         let mut names: Vec<OsString> = std::fs::read_dir(src)
             .ok()?
             .filter_map(|e| e.ok().map(|e| e.file_name()))

@@ -136,8 +136,7 @@ pub trait Agent: Send + Sync {
     /// Makes the guest the pod's (hostname, network), before its first container.
     async fn create_sandbox(&self, req: protocols::agent::CreateSandboxRequest) -> Result<()>;
     /// `req.pod_sandbox`: the container's namespaces become the ones the pod shares.
-    async fn create_container(&self, req: protocols::agent::CreateContainerRequest)
-        -> Result<()>;
+    async fn create_container(&self, req: protocols::agent::CreateContainerRequest) -> Result<()>;
     async fn start_container(&self, id: &str) -> Result<()>;
     async fn remove_container(&self, id: &str) -> Result<()>;
     async fn exec_process(

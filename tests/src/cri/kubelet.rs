@@ -31,7 +31,10 @@ impl FakeKubelet {
     }
 
     fn plugin_dir(&self, plugin: &str, name: &str) -> PathBuf {
-        let dir = self.volumes.join(format!("kubernetes.io~{plugin}")).join(name);
+        let dir = self
+            .volumes
+            .join(format!("kubernetes.io~{plugin}"))
+            .join(name);
         std::fs::create_dir_all(&dir).expect("create a volume dir");
         dir
     }
