@@ -46,12 +46,9 @@ pub enum MirrorError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MirrorError + '_ {
-    move |source| MirrorError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MirrorError {
+    let path = path.to_path_buf();
+    move |source| MirrorError::Io { what, path, source }
 }
 
 fn errno(e: nix::Error) -> std::io::Error {
@@ -295,11 +292,20 @@ pub fn diff(old: &Tree, new: &Tree) -> Vec<Op> {
             }
         }
     }
+    // What was under a replaced directory went with it.
+    let replaced: Vec<PathBuf> = replace
+        .iter()
+        .filter_map(|op| match op {
+            Op::Replace(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
     let deletes = old
         .entries
         .keys()
         .rev()
         .filter(|p| !new.entries.contains_key(*p))
+        .filter(|p| !replaced.iter().any(|r| p.starts_with(r)))
         .map(|p| Op::Delete(p.clone()));
     let mut ops: Vec<Op> = replace
         .into_iter()

@@ -126,7 +126,7 @@ mod tests {
     use super::*;
 
     fn spec_with(mounts: serde_json::Value) -> Spec {
-        let json = serde_json::json!({"process": {"args": ["sh"], "cwd": "/"}, "mounts": mounts});
+        let json = serde_json::json!({"process": {"args": ["sh"], "cwd": "/"}, "root": {"path": "/r"}, "mounts": mounts});
         Spec::from_json(&serde_json::to_vec(&json).unwrap()).unwrap()
     }
 
