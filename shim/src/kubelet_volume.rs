@@ -93,14 +93,11 @@ pub fn empty_dir_setup(path: &Path) -> std::io::Result<EmptyDirSetup> {
 /// When the mount visible at `path` (the last one mounted there) is a tmpfs: its
 /// `size=` in bytes (0 without one).
 pub fn tmpfs_size_at(mountinfo: &str, path: &Path) -> Option<u64> {
-    let top = mountinfo
-        .lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|p| Path::new(&crate::mount::unescape_mountinfo(p)) == path)
-        })
-        .last()?;
+    let top = mountinfo.lines().rev().find(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|p| Path::new(&crate::mount::unescape_mountinfo(p)) == path)
+    })?;
     // Optional fields end at " - ", then the fs type, the source and the super options.
     let (_, after) = top.split_once(" - ")?;
     let mut fields = after.split(' ');
