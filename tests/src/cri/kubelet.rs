@@ -7,7 +7,12 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use std::time::{Duration, Instant};
+
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use super::{bind_mount, CriContainerd, Pod};
+use crate::StaticProbe;
 
 pub struct FakeKubelet {
     root: PathBuf,
@@ -106,4 +111,202 @@ impl Drop for FakeKubelet {
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// The probe of [`assert_kubelet_volumes_behave`]
+/// (busybox has no unix socket client and no inotify tool):
+/// `listen PATH` echoes each connection's line back, prefixed "echo:";
+/// `connect PATH MSG` sends MSG and prints the answer;
+/// `inotify DIR` prints "ready", then the name of every entry created or moved into DIR.
+const VOLUME_PROBE_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/inotify.h>
+
+static int addr(const char *path, struct sockaddr_un *a) {
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    strncpy(a->sun_path, path, sizeof(a->sun_path) - 1);
+    return socket(AF_UNIX, SOCK_STREAM, 0);
+}
+
+int main(int argc, char **argv) {
+    struct sockaddr_un a;
+    char buf[4096];
+    if (argc == 3 && !strcmp(argv[1], "listen")) {
+        int s = addr(argv[2], &a);
+        unlink(argv[2]);
+        if (bind(s, (struct sockaddr *)&a, sizeof(a)) || listen(s, 8)) { perror("listen"); return 1; }
+        for (;;) {
+            int c = accept(s, 0, 0);
+            if (c < 0) continue;
+            ssize_t n = read(c, buf, sizeof(buf) - 1);
+            if (n > 0) { dprintf(c, "echo:%.*s", (int)n, buf); }
+            close(c);
+        }
+    }
+    if (argc == 4 && !strcmp(argv[1], "connect")) {
+        int s = addr(argv[2], &a);
+        if (connect(s, (struct sockaddr *)&a, sizeof(a))) { perror("connect"); return 1; }
+        if (write(s, argv[3], strlen(argv[3])) < 0) { perror("write"); return 1; }
+        ssize_t n = read(s, buf, sizeof(buf) - 1);
+        if (n <= 0) { perror("read"); return 1; }
+        printf("%.*s\n", (int)n, buf);
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "inotify")) {
+        int fd = inotify_init();
+        if (fd < 0 || inotify_add_watch(fd, argv[2], IN_CREATE | IN_MOVED_TO | IN_DELETE) < 0) {
+            perror("inotify"); return 1;
+        }
+        printf("ready\n");
+        fflush(stdout);
+        for (;;) {
+            ssize_t n = read(fd, buf, sizeof(buf));
+            for (char *p = buf; n > 0 && p < buf + n;) {
+                struct inotify_event *e = (struct inotify_event *)p;
+                printf("%s %s\n", e->mask & IN_DELETE ? "deleted" : "created", e->len ? e->name : "");
+                fflush(stdout);
+                p += sizeof(*e) + e->len;
+            }
+        }
+    }
+    fprintf(stderr, "usage: listen PATH | connect PATH MSG | inotify DIR\n");
+    return 2;
+}
+"#;
+
+/// kubelet's volumes as a pod uses them: a disk emptyDir that two containers share a
+/// unix socket and a FIFO on, a `medium: Memory` emptyDir that is a tmpfs of its
+/// sizeLimit in the container, and a ConfigMap whose update (kubelet's `..data` swap on
+/// the host) an inotify watcher in the container sees within a few seconds. `check`
+/// looks at the running pod before it is removed (and checked for leftovers).
+pub fn assert_kubelet_volumes_behave(c: &CriContainerd, check: impl FnOnce(&Pod)) {
+    let h = c.handler();
+    let config = c.pod_config("volumes");
+    let uid = config
+        .metadata
+        .as_ref()
+        .map(|m| m.uid.clone())
+        .unwrap_or_default();
+    let mut kubelet = FakeKubelet::new(&c.containerd().dir, &uid);
+    // fsGroup 1234: the group's, setgid.
+    let shared = kubelet.empty_dir("shared", 0o2775, 1234);
+    let mem = kubelet.memory_empty_dir("mem", "64m");
+    let cfg = kubelet.configmap("cfg", &[("greeting", "hello-v1")]);
+    let probe = StaticProbe::build("volume-probe", VOLUME_PROBE_C);
+    let pod = c.run_pod(config);
+
+    let mounts = |ro_cfg: bool| {
+        let mut cfg_mount = bind_mount(&cfg, "/cfg");
+        cfg_mount.readonly = ro_cfg;
+        let mut probe_mount = bind_mount(probe.dir(), "/probe");
+        probe_mount.readonly = true;
+        vec![
+            bind_mount(&shared, "/shared"),
+            bind_mount(&mem, "/mem"),
+            cfg_mount,
+            probe_mount,
+        ]
+    };
+    let mut server = c.container_config(
+        &pod,
+        "server",
+        &[
+            "sh",
+            "-c",
+            "mkfifo /shared/fifo && (cat /shared/fifo > /shared/from-fifo &) && \
+             exec /probe/volume-probe listen /shared/echo.sock",
+        ],
+    );
+    server.mounts = mounts(true);
+    let server = c.start_container(&pod, server);
+    let mut client = c.container_config(
+        &pod,
+        "client",
+        &[
+            "sh",
+            "-c",
+            "/probe/volume-probe inotify /cfg > /mem/events & exec sleep 100000",
+        ],
+    );
+    client.mounts = mounts(true);
+    let client = c.start_container(&pod, client);
+    let in_client = |script: &str| c.exec(&client, &["sh", "-c", script]);
+
+    // A unix socket one container made on the emptyDir, the other connects to.
+    let out = in_client(
+        "for i in $(seq 1 50); do [ -S /shared/echo.sock ] && break; sleep 0.2; done; \
+         /probe/volume-probe connect /shared/echo.sock ping",
+    );
+    assert_eq!(
+        (out.exit_code, out.stdout.trim()),
+        (0, "echo:ping"),
+        "connect to the other container's socket: {}",
+        out.stderr
+    );
+    // A FIFO likewise.
+    let out = in_client("echo through-the-fifo | timeout 10 tee /shared/fifo >/dev/null");
+    assert_eq!(
+        out.exit_code, 0,
+        "write the other container's FIFO: {}",
+        out.stderr
+    );
+    let out = c.exec(
+        &server,
+        &["sh", "-c", "for i in $(seq 1 50); do [ -s /shared/from-fifo ] && break; sleep 0.2; done; cat /shared/from-fifo"],
+    );
+    assert_eq!(out.stdout.trim(), "through-the-fifo", "{}", out.stderr);
+    // In a VM the emptyDir is the guest's: nothing of it is on the host.
+    let on_host: Vec<_> = std::fs::read_dir(&shared)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    if h.is_vm() {
+        assert!(on_host.is_empty(), "the host's emptyDir holds {on_host:?}");
+    } else {
+        assert!(!on_host.is_empty(), "runc's emptyDir is the host dir");
+    }
+    // kubelet's owner and mode (fsGroup).
+    let out = in_client("stat -c '%a %g' /shared");
+    assert_eq!(out.stdout.trim(), "2775 1234", "{}", out.stderr);
+
+    // medium: Memory is a tmpfs of the sizeLimit.
+    let out = in_client("grep ' /mem ' /proc/mounts; df -k /mem | tail -n 1");
+    assert!(
+        out.stdout.starts_with("tmpfs /mem tmpfs") && out.stdout.contains("size=65536k"),
+        "/mem is not a 64 MiB tmpfs: {}",
+        out.stdout
+    );
+    assert!(out.stdout.contains(" 65536 "), "df: {}", out.stdout);
+
+    // The ConfigMap: as it is, then kubelet's update seen by the watcher.
+    let out = in_client(
+        "for i in $(seq 1 50); do grep -q ready /mem/events && break; sleep 0.2; done; \
+         cat /mem/events; cat /cfg/greeting",
+    );
+    assert_eq!(out.stdout.trim(), "ready\nhello-v1", "{}", out.stderr);
+    let swapped = Instant::now();
+    kubelet.write_configmap(&cfg, &[("greeting", "hello-v2")]);
+    let out = in_client(
+        "for i in $(seq 1 100); do grep -q 'created ..data$' /mem/events && break; sleep 0.1; done; \
+         cat /mem/events; cat /cfg/greeting",
+    );
+    let seen = swapped.elapsed();
+    assert!(
+        out.stdout.contains("created ..data\n") && out.stdout.trim().ends_with("hello-v2"),
+        "no inotify event for the ConfigMap's update within 10 s: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(seen < Duration::from_secs(5), "the event took {seen:?}");
+    eprintln!(
+        "{}: ConfigMap update seen in the container after {seen:?}",
+        h.name()
+    );
+
+    check(&pod);
+    c.remove_pod_checked(pod);
 }

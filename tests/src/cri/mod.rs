@@ -25,7 +25,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use harness::*;
-pub use kubelet::FakeKubelet;
+pub use kubelet::{assert_kubelet_volumes_behave, FakeKubelet};
 pub use logs::{parse_cri_log, read_cri_log, LogLine};
 pub use stream::{ExecStatus, ExecStream, PortForwardStream};
 
