@@ -9,13 +9,15 @@
 //!   and mirrored by the agent into the guest, where kubelet's updates raise inotify
 //!   events.
 //!
-//! subPath binds (kubelet's `volume-subpaths/` tree) do not match: kubelet never updates
-//! them, and a subPath of an emptyDir is a host bind like any other.
+//! subPath binds (kubelet's `volume-subpaths/<volume>/<container>/<n>`, a bind of a
+//! directory of the volume) of an emptyDir bind that directory of the guest's volume
+//! ([`empty_dir_sub_path`]); of other volumes they stay host binds (kubelet never updates
+//! them).
 //!
 //! Reads the host dir's metadata and `/proc/self/mountinfo`; changes nothing.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 /// What a bind source of kubelet's is to the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +51,9 @@ pub fn classify(path: &Path) -> Option<KubeletVolume> {
             _ => None,
         })
         .collect::<Option<_>>()?;
+    if parts.len() < 5 {
+        return None;
+    }
     let [.., pods, uid, volumes, plugin, name] = parts.as_slice() else {
         return None;
     };
@@ -64,6 +69,96 @@ pub fn classify(path: &Path) -> Option<KubeletVolume> {
     WATCHED_PLUGINS
         .contains(plugin)
         .then_some(KubeletVolume::Watched)
+}
+
+/// A subPath bind of an emptyDir: `source` (canonical) is kubelet's
+/// `<root>/pods/<uid>/volume-subpaths/<volume>/<container>/<n>`, a bind of a directory
+/// `sub_path` below `<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>` (found by
+/// its inode: on the host, the guest's emptyDir holds only what kubelet made there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmptyDirSubPath {
+    pub pod_uid: String,
+    pub name: String,
+    pub volume_dir: PathBuf,
+    pub sub_path: PathBuf,
+}
+
+/// How deep and how wide the host's emptyDir is searched for a subPath's directory.
+const SUB_PATH_DEPTH: usize = 8;
+const SUB_PATH_ENTRIES: usize = 4096;
+
+pub fn empty_dir_sub_path(source: &Path) -> Option<EmptyDirSubPath> {
+    let parts: Vec<&str> = source.iter().filter_map(|c| c.to_str()).collect();
+    let n = parts.len();
+    if n < 6 || parts[n - 6] != "pods" || parts[n - 4] != "volume-subpaths" {
+        return None;
+    }
+    let (uid, name) = (parts[n - 5], parts[n - 3]);
+    let pod_dir = source.ancestors().nth(4)?;
+    let volume_dir = pod_dir.join("volumes").join(EMPTY_DIR_PLUGIN).join(name);
+    let target = std::fs::metadata(source).ok()?;
+    let mut budget = SUB_PATH_ENTRIES;
+    let sub_path = find_inode(&volume_dir, (target.dev(), target.ino()), 0, &mut budget)?;
+    Some(EmptyDirSubPath {
+        pod_uid: uid.to_string(),
+        name: name.to_string(),
+        volume_dir,
+        sub_path,
+    })
+}
+
+/// The path below `dir` of the directory with `(dev, ino)`, not following symlinks.
+fn find_inode(dir: &Path, id: (u64, u64), depth: usize, budget: &mut usize) -> Option<PathBuf> {
+    if depth >= SUB_PATH_DEPTH {
+        return None;
+    }
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        *budget = budget.checked_sub(1)?;
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        if (meta.dev(), meta.ino()) == id {
+            return Some(PathBuf::from(entry.file_name()));
+        }
+        if let Some(below) = find_inode(&entry.path(), id, depth + 1, budget) {
+            return Some(Path::new(&entry.file_name()).join(below));
+        }
+    }
+    None
+}
+
+/// What a bind source (canonical) is among kubelet's volumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletBind {
+    /// The emptyDir at `volume_dir`, or its `sub_path` (empty: all of it).
+    EmptyDir {
+        pod_uid: String,
+        name: String,
+        volume_dir: PathBuf,
+        sub_path: PathBuf,
+    },
+    Watched,
+}
+
+pub fn of_bind(source: &Path) -> Option<KubeletBind> {
+    match classify(source) {
+        Some(KubeletVolume::EmptyDir { pod_uid, name }) => Some(KubeletBind::EmptyDir {
+            pod_uid,
+            name,
+            volume_dir: source.to_path_buf(),
+            sub_path: PathBuf::new(),
+        }),
+        Some(KubeletVolume::Watched) => Some(KubeletBind::Watched),
+        None => empty_dir_sub_path(source).map(|s| KubeletBind::EmptyDir {
+            pod_uid: s.pod_uid,
+            name: s.name,
+            volume_dir: s.volume_dir,
+            sub_path: s.sub_path,
+        }),
+    }
 }
 
 /// How kubelet set up an emptyDir on the host: what the guest's copy gets.
@@ -165,6 +260,31 @@ mod tests {
         ] {
             assert_eq!(classify(Path::new(other)), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_sub_path_of_an_empty_dir_is_found_below_the_volume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = tmp.path().canonicalize().unwrap().join("pods/u1");
+        let vol = pod.join("volumes/kubernetes.io~empty-dir/data");
+        std::fs::create_dir_all(vol.join("a/b")).unwrap();
+        std::fs::create_dir_all(vol.join("c")).unwrap();
+        // kubelet's bind is the same directory; a symlink stands in for it here.
+        let sub = pod.join("volume-subpaths/data/app/0");
+        std::fs::create_dir_all(sub.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(vol.join("a/b"), &sub).unwrap();
+        let found = empty_dir_sub_path(&sub).unwrap();
+        assert_eq!(
+            (found.pod_uid.as_str(), found.name.as_str()),
+            ("u1", "data")
+        );
+        assert_eq!(found.volume_dir, vol);
+        assert_eq!(found.sub_path, PathBuf::from("a/b"));
+        // A subPath of a volume that is no emptyDir.
+        let other = pod.join("volume-subpaths/cfg/app/0");
+        std::fs::create_dir_all(&other).unwrap();
+        assert_eq!(empty_dir_sub_path(&other), None);
+        assert_eq!(empty_dir_sub_path(Path::new("/tmp")), None);
     }
 
     const MOUNTINFO: &str = "\

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::kubelet_volume::KubeletVolume;
+use crate::kubelet_volume::KubeletBind;
 use crate::mount::{Access, Propagation};
 
 /// A host path the shim must bind into the share for the guest to see it.
@@ -304,14 +304,19 @@ pub fn rewrite_for_guest(
                 destination: destination.clone(),
                 detail,
             })?;
-            match crate::kubelet_volume::classify(&real) {
-                Some(KubeletVolume::EmptyDir { pod_uid, name }) => {
+            match crate::kubelet_volume::of_bind(&real) {
+                Some(KubeletBind::EmptyDir {
+                    pod_uid,
+                    name,
+                    volume_dir,
+                    sub_path,
+                }) => {
                     let setup =
-                        crate::kubelet_volume::empty_dir_setup(&real).map_err(|source| {
+                        crate::kubelet_volume::empty_dir_setup(&volume_dir).map_err(|source| {
                             SpecError::EmptyDir {
                                 index,
                                 destination: destination.clone(),
-                                path: real.display().to_string(),
+                                path: volume_dir.display().to_string(),
                                 source,
                             }
                         })?;
@@ -319,9 +324,12 @@ pub fn rewrite_for_guest(
                     if opts.access != Access::ReadWrite {
                         guest.push(Value::String("ro".into()));
                     }
-                    let dir = Path::new(protocols::GUEST_POD_VOLUMES_DIR)
+                    let mut dir = Path::new(protocols::GUEST_POD_VOLUMES_DIR)
                         .join(&pod_uid)
                         .join(&name);
+                    if !sub_path.as_os_str().is_empty() {
+                        dir.push(&sub_path);
+                    }
                     m["source"] = Value::String(dir.display().to_string());
                     m["options"] = Value::Array(guest);
                     out.pod_local.push(protocols::agent::PodLocalVolume {
@@ -333,11 +341,12 @@ pub fn rewrite_for_guest(
                         uid: setup.uid,
                         gid: setup.gid,
                         mode: setup.mode,
+                        sub_path: sub_path.display().to_string(),
                         ..Default::default()
                     });
                     continue;
                 }
-                Some(KubeletVolume::Watched) => {
+                Some(KubeletBind::Watched) => {
                     out.watched.push(protocols::agent::WatchedVolume {
                         mount_index: index as u32,
                         ..Default::default()
