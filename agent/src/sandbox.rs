@@ -40,7 +40,7 @@ pub struct Sandbox {
     stages: Arc<StageSpawner>,
     /// The pod's emptyDirs, kept while the guest lives.
     pod_volumes: PodVolumes,
-    /// Where watched volumes are copied (see `volume`).
+    /// Where containers' watched volume copies and subPath binds are (see `volume`).
     watched_root: PathBuf,
 }
 

@@ -3,6 +3,7 @@
 //!
 //! - `pod_local`: emptyDirs, a guest directory (or tmpfs) per pod volume, which never
 //!   crosses virtio-fs, so that unix sockets and FIFOs on it work between containers;
+//! - `sub_path`: kubelet's subPath of such a volume, bound safely;
 //! - `mirror` and `watch`: ConfigMap, Secret, projected and downward API volumes copied
 //!   from the share into the guest and kept in sync, so that inotify in the container
 //!   sees kubelet's updates.
@@ -12,6 +13,7 @@
 
 pub mod mirror;
 pub mod pod_local;
+pub mod sub_path;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -30,10 +32,12 @@ pub struct Requested {
     pub watched: Vec<WatchedVolume>,
 }
 
-/// What a container holds of its volumes: the syncs of its watched volumes.
+/// What a container holds of its volumes: the syncs of its watched volumes and the
+/// binds of its subPaths.
 #[derive(Default)]
 pub struct ContainerVolumes {
     watched: Vec<watch::WatchedVolume>,
+    sub_paths: Vec<PathBuf>,
     /// The container's directory of copies, removed with the last of them.
     dir: Option<PathBuf>,
 }
@@ -43,6 +47,9 @@ impl ContainerVolumes {
     pub fn stop(&mut self, log: &Logger) {
         for w in self.watched.drain(..) {
             w.stop(log);
+        }
+        for at in self.sub_paths.drain(..) {
+            sub_path::unbind(&at);
         }
         if let Some(dir) = self.dir.take() {
             let _ = std::fs::remove_dir(dir);
@@ -69,7 +76,8 @@ fn mount_at<'a>(spec: &'a mut Spec, index: u32, what: &str) -> Result<&'a mut Mo
 }
 
 /// Points the spec's marked mounts at the guest's volumes: pod volumes made (or found)
-/// in `pod`, watched volumes copied under `watched_root/<id>/` and synced from then on.
+/// in `pod` (a subPath bound under `container_root/<id>/`), watched volumes copied under
+/// `container_root/<id>/` and synced from then on.
 /// A watched volume the guest cannot copy (over the size cap, unreadable) stays a bind of
 /// the share, as every volume was before, and the log says why.
 pub fn prepare(
@@ -78,16 +86,17 @@ pub fn prepare(
     spec: &mut Spec,
     req: &Requested,
     pod: &PodVolumes,
-    watched_root: &Path,
+    container_root: &Path,
 ) -> Result<ContainerVolumes> {
-    for v in &req.pod_local {
-        let m = mount_at(spec, v.mount_index, "a pod volume")?;
-        let dir = pod.ensure(v)?;
-        m.source = Some(dir.display().to_string());
-        info!(log, "pod volume in the guest"; "container_id" => id, "volume" => &v.name,
-            "destination" => &m.destination, "memory" => v.memory, "size_bytes" => v.size_bytes);
+    let dir = container_root.join(id);
+    let mut volumes = ContainerVolumes {
+        dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    if let Err(e) = pod_volumes(log, id, spec, req, pod, &dir, &mut volumes) {
+        volumes.stop(log);
+        return Err(e);
     }
-    let mut volumes = ContainerVolumes::default();
     for v in &req.watched {
         let m = match mount_at(spec, v.mount_index, "a watched volume") {
             Ok(m) => m,
@@ -99,9 +108,7 @@ pub fn prepare(
         let Some(src) = m.source.clone() else {
             continue;
         };
-        let dir = watched_root.join(id);
         let dest = dir.join(v.mount_index.to_string());
-        volumes.dir = Some(dir);
         match watch::start(log, Path::new(&src), &dest) {
             Ok(w) => {
                 volumes.watched.push(w);
@@ -119,6 +126,33 @@ pub fn prepare(
         }
     }
     Ok(volumes)
+}
+
+/// The pod volumes of [`prepare`]; subPath binds are recorded in `volumes` as made.
+fn pod_volumes(
+    log: &Logger,
+    id: &str,
+    spec: &mut Spec,
+    req: &Requested,
+    pod: &PodVolumes,
+    dir: &Path,
+    volumes: &mut ContainerVolumes,
+) -> Result<()> {
+    for v in &req.pod_local {
+        let m = mount_at(spec, v.mount_index, "a pod volume")?;
+        let mut source = pod.ensure(v)?;
+        if !v.sub_path.is_empty() {
+            let at = dir.join(format!("sub-{}", v.mount_index));
+            sub_path::bind(&source, &v.sub_path, &at)?;
+            volumes.sub_paths.push(at.clone());
+            source = at;
+        }
+        m.source = Some(source.display().to_string());
+        info!(log, "pod volume in the guest"; "container_id" => id, "volume" => &v.name,
+            "sub_path" => &v.sub_path, "destination" => &m.destination, "memory" => v.memory,
+            "size_bytes" => v.size_bytes);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use crate::StaticProbe;
 pub struct FakeKubelet {
     root: PathBuf,
     volumes: PathBuf,
-    tmpfs: Vec<PathBuf>,
+    /// tmpfs and bind mounts, undone at drop (last first).
+    mounts: Vec<PathBuf>,
     version: AtomicU32,
 }
 
@@ -30,7 +31,7 @@ impl FakeKubelet {
         FakeKubelet {
             root,
             volumes,
-            tmpfs: Vec::new(),
+            mounts: Vec::new(),
             version: AtomicU32::new(0),
         }
     }
@@ -66,8 +67,35 @@ impl FakeKubelet {
             Some(data.as_str()),
         )
         .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", dir.display()));
-        self.tmpfs.push(dir.clone());
+        self.mounts.push(dir.clone());
         dir
+    }
+
+    /// kubelet's subPath `sub` of `volume` for `container`'s mount `n`: the directory
+    /// made in the volume, bound at `pods/<uid>/volume-subpaths/<volume>/<container>/<n>`.
+    pub fn sub_path(&mut self, volume: &Path, sub: &str, container: &str, n: u32) -> PathBuf {
+        let dir = volume.join(sub);
+        std::fs::create_dir_all(&dir).expect("create the subPath dir");
+        let name = volume.file_name().expect("a volume has a name");
+        let at = self
+            .volumes
+            .parent()
+            .expect("the pod's dir")
+            .join("volume-subpaths")
+            .join(name)
+            .join(container)
+            .join(n.to_string());
+        std::fs::create_dir_all(&at).expect("create the subPath mount point");
+        mount(
+            Some(&dir),
+            &at,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("bind {} at {}: {e}", dir.display(), at.display()));
+        self.mounts.push(at.clone());
+        at
     }
 
     /// A ConfigMap volume holding `files`, written as kubelet's atomic writer does.
@@ -106,7 +134,7 @@ impl FakeKubelet {
 
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
-        for dir in &self.tmpfs {
+        for dir in self.mounts.iter().rev() {
             let _ = umount2(dir, MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.root);
@@ -180,7 +208,7 @@ int main(int argc, char **argv) {
 "#;
 
 /// kubelet's volumes as a pod uses them: a disk emptyDir that two containers share a
-/// unix socket and a FIFO on, a `medium: Memory` emptyDir that is a tmpfs of its
+/// unix socket and a FIFO on (and a file through a subPath of it), a `medium: Memory` emptyDir that is a tmpfs of its
 /// sizeLimit in the container, and a ConfigMap whose update (kubelet's `..data` swap on
 /// the host) an inotify watcher in the container sees within a few seconds. `check`
 /// looks at the running pod before it is removed (and checked for leftovers).
@@ -197,6 +225,7 @@ pub fn assert_kubelet_volumes_behave(c: &CriContainerd, check: impl FnOnce(&Pod)
     let shared = kubelet.empty_dir("shared", 0o2775, 1234);
     let mem = kubelet.memory_empty_dir("mem", "64m");
     let cfg = kubelet.configmap("cfg", &[("greeting", "hello-v1")]);
+    let sub = kubelet.sub_path(&shared, "sub", "client", 4);
     let probe = StaticProbe::build("volume-probe", VOLUME_PROBE_C);
     let pod = c.run_pod(config);
 
@@ -219,6 +248,7 @@ pub fn assert_kubelet_volumes_behave(c: &CriContainerd, check: impl FnOnce(&Pod)
             "sh",
             "-c",
             "mkfifo /shared/fifo && (cat /shared/fifo > /shared/from-fifo &) && \
+             mkdir -p /shared/sub && echo via-sub-path > /shared/sub/from-server && \
              exec /probe/volume-probe listen /shared/echo.sock",
         ],
     );
@@ -234,6 +264,7 @@ pub fn assert_kubelet_volumes_behave(c: &CriContainerd, check: impl FnOnce(&Pod)
         ],
     );
     client.mounts = mounts(true);
+    client.mounts.push(bind_mount(&sub, "/sub"));
     let client = c.start_container(&pod, client);
     let in_client = |script: &str| c.exec(&client, &["sh", "-c", script]);
 
@@ -260,15 +291,13 @@ pub fn assert_kubelet_volumes_behave(c: &CriContainerd, check: impl FnOnce(&Pod)
         &["sh", "-c", "for i in $(seq 1 50); do [ -s /shared/from-fifo ] && break; sleep 0.2; done; cat /shared/from-fifo"],
     );
     assert_eq!(out.stdout.trim(), "through-the-fifo", "{}", out.stderr);
-    // In a VM the emptyDir is the guest's: nothing of it is on the host.
-    let on_host: Vec<_> = std::fs::read_dir(&shared)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    if h.is_vm() {
-        assert!(on_host.is_empty(), "the host's emptyDir holds {on_host:?}");
-    } else {
-        assert!(!on_host.is_empty(), "runc's emptyDir is the host dir");
-    }
+    // A subPath of the emptyDir is that directory of it.
+    let out = in_client("cat /sub/from-server");
+    assert_eq!(out.stdout.trim(), "via-sub-path", "{}", out.stderr);
+    // In a VM the emptyDir is the guest's: nothing of it is on the host (but the
+    // subPath's directory kubelet made).
+    let on_host = shared.join("echo.sock").exists();
+    assert_eq!(on_host, !h.is_vm(), "the host's emptyDir holds the socket");
     // kubelet's owner and mode (fsGroup).
     let out = in_client("stat -c '%a %g' /shared");
     assert_eq!(out.stdout.trim(), "2775 1234", "{}", out.stderr);
