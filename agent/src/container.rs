@@ -36,6 +36,8 @@ pub struct Container {
     own_mnt_ns: Option<NsId>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pending: Mutex<Option<PendingStart>>,
+    /// The syncs of its watched volumes (see `volume`), stopped with it.
+    volumes: std::sync::Mutex<crate::volume::ContainerVolumes>,
 }
 
 impl Container {
@@ -55,7 +57,14 @@ impl Container {
             own_mnt_ns: None,
             execs: Mutex::new(HashMap::new()),
             pending: Mutex::new(pending),
+            volumes: Default::default(),
         }
+    }
+
+    /// Gives the container its watched volumes' syncs, which end with it.
+    pub fn with_volumes(mut self, volumes: crate::volume::ContainerVolumes) -> Container {
+        self.volumes = std::sync::Mutex::new(volumes);
+        self
     }
 
     /// Sets the seccomp profile that exec'd processes are started under.
@@ -278,6 +287,9 @@ impl Container {
             let _ = tokio::time::timeout(timeout, p.wait()).await;
         }
         oom.unwatch(&self.id);
+        if let Ok(mut v) = self.volumes.lock() {
+            v.stop(log);
+        }
         if let Some(dir) = &self.devpts {
             crate::devpts::unmount_instance(dir);
         }

@@ -4,7 +4,7 @@
 //!
 //! Reading order: `main.rs` (modes) → `rpc` → `sandbox` → `container` → `process`
 //! (launch via the `stage`, forked by `stage::spawner`) → `stdio` (served by
-//! `stdio::streams`), `reaper`, `cgroup`; `init` holds the PID 1 duties; `debug_console`
+//! `stdio::streams`), `reaper`, `cgroup`; `volume` the kubelet volumes the guest keeps itself; `init` holds the PID 1 duties; `debug_console`
 //! the opt-in shell for `kata-runtime exec`.
 
 pub mod block;
@@ -28,3 +28,4 @@ pub mod sandbox;
 pub mod spec;
 pub mod stage;
 pub mod stdio;
+pub mod volume;

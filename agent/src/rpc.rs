@@ -45,6 +45,10 @@ impl AgentService for AgentRpc {
         _: &TtrpcContext,
         r: CreateContainerRequest,
     ) -> RpcResult<Empty> {
+        let volumes = crate::volume::Requested {
+            pod_local: r.pod_local_volumes,
+            watched: r.watched_volumes,
+        };
         self.sandbox
             .create_container(
                 &r.container_id,
@@ -52,6 +56,7 @@ impl AgentService for AgentRpc {
                 r.stdin,
                 r.pod_sandbox,
                 &r.block_devices,
+                &volumes,
             )
             .await?;
         Ok(Empty::new())

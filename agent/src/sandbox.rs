@@ -20,6 +20,8 @@ use crate::reaper::{ExitStatus, Reaper};
 use crate::spec::{self, Spec};
 use crate::stage::protocol::{StageConfig, StageMode};
 use crate::stage::spawner::StageSpawner;
+use crate::volume::pod_local::PodVolumes;
+use crate::volume::{ContainerVolumes, Requested};
 
 /// How long DestroySandbox waits for the guest's file systems to sync before it answers
 /// (the host gives it 2 s in all).
@@ -36,6 +38,10 @@ pub struct Sandbox {
     pod_sandbox: std::sync::Mutex<Option<String>>,
     /// Starts the container stage of every create and exec.
     stages: Arc<StageSpawner>,
+    /// The pod's emptyDirs, kept while the guest lives.
+    pod_volumes: PodVolumes,
+    /// Where containers' watched volume copies and subPath binds are (see `volume`).
+    watched_root: PathBuf,
 }
 
 /// What a container's create has made so far, taken back in one place when a later step
@@ -43,6 +49,7 @@ pub struct Sandbox {
 /// instance) and its `destroy` takes everything back.
 #[derive(Default)]
 struct Made {
+    volumes: Option<ContainerVolumes>,
     devpts: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     container: Option<Arc<Container>>,
@@ -60,6 +67,9 @@ impl Made {
         }
         if let Some(dir) = &self.devpts {
             crate::devpts::unmount_instance(dir);
+        }
+        if let Some(mut v) = self.volumes {
+            v.stop(log);
         }
     }
 }
@@ -84,6 +94,8 @@ impl Sandbox {
             containers: Mutex::new(HashMap::new()),
             pod_ns: PodNamespaces::default(),
             pod_sandbox: std::sync::Mutex::new(None),
+            pod_volumes: PodVolumes::default(),
+            watched_root: PathBuf::from(protocols::GUEST_WATCHED_VOLUMES_DIR),
         }
     }
 
@@ -168,7 +180,8 @@ impl Sandbox {
         }
     }
 
-    /// Creates container `id`; `pod_sandbox` makes its namespaces the pod's (`pod_ns`).
+    /// Creates container `id`; `pod_sandbox` makes its namespaces the pod's (`pod_ns`);
+    /// `volumes` are the spec's mounts the guest keeps itself (`volume`).
     pub async fn create_container(
         &self,
         id: &str,
@@ -176,6 +189,7 @@ impl Sandbox {
         stdin: bool,
         pod_sandbox: bool,
         block_devices: &[protocols::agent::BlockDevice],
+        volumes: &Requested,
     ) -> Result<()> {
         protocols::id::validate(id)
             .map_err(|e| AgentError::InvalidArgument(format!("container id {e}")))?;
@@ -192,7 +206,7 @@ impl Sandbox {
         // What the create has made so far, taken back in one place if a later step fails.
         let mut made = Made::default();
         let created = self
-            .create_steps(id, spec, stdin, pod_sandbox, &mut made)
+            .create_steps(id, spec, stdin, pod_sandbox, volumes, &mut made)
             .await;
         let container = match created {
             Ok(container) => container,
@@ -243,8 +257,17 @@ impl Sandbox {
         mut spec: Spec,
         stdin: bool,
         pod_sandbox: bool,
+        volumes: &Requested,
         made: &mut Made,
     ) -> Result<Arc<Container>> {
+        made.volumes = Some(crate::volume::prepare(
+            &self.log,
+            id,
+            &mut spec,
+            volumes,
+            &self.pod_volumes,
+            &self.watched_root,
+        )?);
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.clone());
         // A "pid" entry without a path: a new PID namespace, the container's own.
         let own_pid_ns = spec.linux.as_ref().is_some_and(|l| {
@@ -290,7 +313,8 @@ impl Sandbox {
             Container::new(id, launched.process, made.cgroup.take(), pending)
                 .with_seccomp(seccomp)
                 .with_devpts(made.devpts.take())
-                .with_pid_namespace(own_pid_ns),
+                .with_pid_namespace(own_pid_ns)
+                .with_volumes(made.volumes.take().unwrap_or_default()),
         );
         made.container = Some(container.clone());
         if container.is_started().await {
@@ -508,6 +532,7 @@ impl Sandbox {
             c.destroy(&self.log, &self.oom).await;
         }
         self.stages.shutdown();
+        self.pod_volumes.release();
         if let Ok(mut p) = self.pod_sandbox.lock() {
             if p.take().is_some() {
                 self.pod_ns.unpin();

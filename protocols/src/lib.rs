@@ -114,6 +114,15 @@ pub const BENCH_SINK_PARAM: &str = "agent.bench_sink=1";
 /// sandbox container, for the pod's other containers to join.
 pub const GUEST_SANDBOX_NS_DIR: &str = "/run/kata-containers/sandbox/ns";
 
+/// Where the agent keeps the pod's emptyDir volumes, `<dir>/<pod uid>/<volume name>`
+/// (`PodLocalVolume` of the agent API), for every container of the pod to bind.
+pub const GUEST_POD_VOLUMES_DIR: &str = "/run/kata-containers/sandbox/volumes";
+
+/// Where the agent keeps a container's copies of kubelet's watched volumes
+/// (`WatchedVolume`, `<dir>/<container id>/<mount index>`) and the binds of its emptyDir
+/// subPaths (`<dir>/<container id>/sub-<mount index>`), on the guest's /run tmpfs.
+pub const GUEST_WATCHED_VOLUMES_DIR: &str = "/run/kata-containers/sandbox/watched";
+
 /// The namespace types a pod's containers share with its sandbox container when their
 /// spec names one by path.
 pub const POD_SHARED_NAMESPACES: [&str; 3] = ["ipc", "uts", "pid"];

@@ -12,6 +12,7 @@ mod container;
 mod events;
 mod factory;
 mod io;
+mod kubelet_volume;
 mod launch;
 mod log;
 mod metrics;

@@ -436,7 +436,7 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(s: &str) -> String {
+pub(crate) fn unescape_mountinfo(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

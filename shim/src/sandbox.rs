@@ -784,7 +784,7 @@ impl Sandbox {
         id: &str,
         bundle: &Path,
         rootfs: &[containerd_shim_protos::api::Mount],
-        binds: &[crate::spec::HostBind],
+        guest_mounts: &crate::spec::GuestMounts,
         mut spec: serde_json::Value,
         stdin: bool,
         pod_sandbox: bool,
@@ -798,7 +798,7 @@ impl Sandbox {
         let serving = mount::serving_namespaces(&self.helper_pids());
         let mounts = self
             .host_mounts
-            .setup(bundle, rootfs, &share_dir, binds, &serving)
+            .setup(bundle, rootfs, &share_dir, &guest_mounts.binds, &serving)
             .await?;
         self.add_mounts(&mounts);
         let mut made = HostContainer {
@@ -811,9 +811,18 @@ impl Sandbox {
                 .attach_block_devices(id, &devices, &mut made.block_devices)
                 .await?;
             crate::spec::set_guest_rootfs(&mut spec, self.guest_rootfs_root, id);
-            let bytes = serde_json::to_vec(&spec).map_err(ContainerError::Spec)?;
+            let oci_spec = serde_json::to_vec(&spec).map_err(ContainerError::Spec)?;
             self.agent
-                .create_container(id, bytes, stdin, pod_sandbox, wire)
+                .create_container(protocols::agent::CreateContainerRequest {
+                    container_id: id.to_string(),
+                    oci_spec,
+                    stdin,
+                    pod_sandbox,
+                    block_devices: wire,
+                    pod_local_volumes: guest_mounts.pod_local.clone(),
+                    watched_volumes: guest_mounts.watched.clone(),
+                    ..Default::default()
+                })
                 .await
                 .map_err(ContainerError::Guest)
         }

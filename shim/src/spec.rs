@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::kubelet_volume::KubeletBind;
 use crate::mount::{Access, Propagation};
 
 /// A host path the shim must bind into the share for the guest to see it.
@@ -17,6 +18,18 @@ pub struct HostBind {
     /// Enforced on the host, where virtiofsd serves the guest's writes.
     pub access: Access,
     pub propagation: Propagation,
+}
+
+/// What the guest's spec relies on besides the spec itself.
+#[derive(Debug, Default)]
+pub struct GuestMounts {
+    /// Host paths the shim binds into the share.
+    pub binds: Vec<HostBind>,
+    /// kubelet's emptyDirs, which the guest keeps itself (see `kubelet_volume`).
+    pub pod_local: Vec<protocols::agent::PodLocalVolume>,
+    /// kubelet's ConfigMap, Secret, projected and downward API volumes, which the guest
+    /// mirrors from the share.
+    pub watched: Vec<protocols::agent::WatchedVolume>,
 }
 
 /// Host trees that are the host kernel's state, not files: never served into a guest.
@@ -49,6 +62,13 @@ pub enum SpecError {
         destination: String,
         path: String,
         tree: &'static str,
+    },
+    #[error("mount {index} ({destination}): cannot read kubelet's emptyDir {path}: {source}")]
+    EmptyDir {
+        index: usize,
+        destination: String,
+        path: String,
+        source: std::io::Error,
     },
     #[error("mount {index} ({destination}): {detail}")]
     BadOptions {
@@ -220,14 +240,15 @@ pub fn set_guest_rootfs(spec: &mut Value, rootfs_root: &str, cid: &str) {
     }
 }
 
-/// Rewrites `spec` for the guest and returns the host binds it now relies on.
+/// Rewrites `spec` for the guest and returns the host binds and guest volumes it now
+/// relies on.
 /// `pod_member`: the container belongs to another container's pod sandbox, and shares
 /// the namespaces its spec names by path with the pod (see [`protocols::GUEST_SANDBOX_NS_DIR`]).
 pub fn rewrite_for_guest(
     spec: &mut Value,
     cid: &str,
     pod_member: bool,
-) -> Result<Vec<HostBind>, SpecError> {
+) -> Result<GuestMounts, SpecError> {
     let guest_dir = guest_container_dir(cid);
     let obj = spec
         .as_object_mut()
@@ -240,7 +261,7 @@ pub fn rewrite_for_guest(
         return Err(SpecError::Invalid("root is not an object".into()));
     }
 
-    let mut binds = Vec::new();
+    let mut out = GuestMounts::default();
     if let Some(mounts) = obj.get_mut("mounts").and_then(Value::as_array_mut) {
         for (index, m) in mounts.iter_mut().enumerate() {
             if !is_bind(m) {
@@ -283,12 +304,62 @@ pub fn rewrite_for_guest(
                 destination: destination.clone(),
                 detail,
             })?;
+            match crate::kubelet_volume::of_bind(&real) {
+                Some(KubeletBind::EmptyDir {
+                    pod_uid,
+                    name,
+                    volume_dir,
+                    sub_path,
+                }) => {
+                    let setup =
+                        crate::kubelet_volume::empty_dir_setup(&volume_dir).map_err(|source| {
+                            SpecError::EmptyDir {
+                                index,
+                                destination: destination.clone(),
+                                path: volume_dir.display().to_string(),
+                                source,
+                            }
+                        })?;
+                    let mut guest = opts.guest;
+                    if opts.access != Access::ReadWrite {
+                        guest.push(Value::String("ro".into()));
+                    }
+                    let mut dir = Path::new(protocols::GUEST_POD_VOLUMES_DIR)
+                        .join(&pod_uid)
+                        .join(&name);
+                    if !sub_path.as_os_str().is_empty() {
+                        dir.push(&sub_path);
+                    }
+                    m["source"] = Value::String(dir.display().to_string());
+                    m["options"] = Value::Array(guest);
+                    out.pod_local.push(protocols::agent::PodLocalVolume {
+                        mount_index: index as u32,
+                        pod_uid,
+                        name,
+                        memory: setup.tmpfs_size.is_some(),
+                        size_bytes: setup.tmpfs_size.unwrap_or(0),
+                        uid: setup.uid,
+                        gid: setup.gid,
+                        mode: setup.mode,
+                        sub_path: sub_path.display().to_string(),
+                        ..Default::default()
+                    });
+                    continue;
+                }
+                Some(KubeletBind::Watched) => {
+                    out.watched.push(protocols::agent::WatchedVolume {
+                        mount_index: index as u32,
+                        ..Default::default()
+                    });
+                }
+                None => {}
+            }
             let name = Path::new(&destination)
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "root".into());
             let share_rel = PathBuf::from("mounts").join(format!("{index}-{name}"));
-            binds.push(HostBind {
+            out.binds.push(HostBind {
                 source: PathBuf::from(&source),
                 share_rel: share_rel.clone(),
                 access: opts.access,
@@ -328,7 +399,7 @@ pub fn rewrite_for_guest(
             }
         }
     }
-    Ok(binds)
+    Ok(out)
 }
 
 /// The annotations that tell a pod's sandbox container from its other containers.
@@ -384,7 +455,7 @@ mod tests {
             "linux": {"namespaces": [{"type": "network", "path": "/proc/1/ns/net"}, {"type": "pid"}]},
             "unknownField": 1
         });
-        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap().binds;
         set_guest_rootfs(&mut spec, protocols::GUEST_SHARED_DIR, "c1");
         assert_eq!(
             spec["root"]["path"],
@@ -410,6 +481,56 @@ mod tests {
         assert_eq!(binds[0].access, Access::ReadOnly);
         assert_eq!(binds[1].access, Access::ReadWrite);
         assert_eq!(binds[0].source, PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn kubelet_empty_dirs_stay_in_the_guest_and_api_volumes_are_watched() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let vols = root.join("pods/u-1/volumes");
+        let cache = vols.join("kubernetes.io~empty-dir/cache");
+        let cfg = vols.join("kubernetes.io~configmap/cfg");
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::create_dir_all(&cfg).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o2775)).unwrap();
+        let mut spec = json!({"mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/cache", "type": "bind", "source": cache, "options": ["rbind", "rprivate", "rw"]},
+            {"destination": "/ro-cache", "type": "bind", "source": cache, "options": ["rbind", "rprivate", "ro"]},
+            {"destination": "/etc/cfg", "type": "bind", "source": cfg, "options": ["rbind", "rprivate", "ro"]}
+        ]});
+        let out = rewrite_for_guest(&mut spec, "c1", true).unwrap();
+        assert_eq!(out.binds.len(), 1, "only the ConfigMap crosses the share");
+        assert_eq!(out.binds[0].source, cfg);
+        assert_eq!(out.pod_local.len(), 2);
+        let v = &out.pod_local[0];
+        assert_eq!(
+            (v.mount_index, v.pod_uid.as_str(), v.name.as_str()),
+            (1, "u-1", "cache")
+        );
+        assert!(!v.memory, "no tmpfs at the path: a disk emptyDir");
+        assert_eq!(v.mode, 0o2775);
+        assert_eq!(v.uid, nix::unistd::getuid().as_raw());
+        assert_eq!(
+            spec["mounts"][1]["source"],
+            "/run/kata-containers/sandbox/volumes/u-1/cache"
+        );
+        assert_eq!(
+            spec["mounts"][1]["options"],
+            json!(["rbind", "rprivate", "rw"])
+        );
+        // Nothing on the host enforces read-only for a guest-only volume: the guest does.
+        assert_eq!(
+            spec["mounts"][2]["options"],
+            json!(["rbind", "rprivate", "ro"])
+        );
+        assert_eq!(out.watched.len(), 1);
+        assert_eq!(out.watched[0].mount_index, 3);
+        assert_eq!(
+            spec["mounts"][3]["source"],
+            "/run/kata-containers/shared/containers/c1/mounts/3-cfg"
+        );
     }
 
     #[test]
@@ -451,7 +572,7 @@ mod tests {
         let mut spec = json!({"mounts": [
             {"destination": "/data", "type": "bind", "source": "/tmp", "options": options}
         ]});
-        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap().binds;
         (binds, spec["mounts"][0]["options"].clone())
     }
 
@@ -532,7 +653,7 @@ mod tests {
         let mut spec = json!({"mounts": [
             {"destination": "/dev/fuse", "type": "bind", "source": "/dev/fuse", "options": ["bind"]}
         ]});
-        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap();
+        let binds = rewrite_for_guest(&mut spec, "c1", false).unwrap().binds;
         assert!(
             binds.is_empty(),
             "nothing of the host's /dev goes into the share"

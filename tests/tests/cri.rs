@@ -44,6 +44,7 @@ for_each_handler!(
     a_privileged_pod_has_bridges_veths_tun_and_netfilter,
     a_raw_block_volume_is_a_block_device_in_the_container,
     a_read_only_raw_block_volume_is_read_but_not_written,
+    kubelet_volumes_share_sockets_hold_memory_and_raise_inotify_events,
 );
 
 const HTTP_PORT: u16 = 8080;
@@ -1010,4 +1011,10 @@ fn kata_pod_whose_shim_was_killed_is_removed_cleanly() {
         "the shim survived SIGKILL"
     );
     c.remove_pod_checked(pod);
+}
+
+/// kubelet's volumes as a pod uses them (see [`assert_kubelet_volumes_behave`]).
+fn kubelet_volumes_share_sockets_hold_memory_and_raise_inotify_events(h: Handler) {
+    let c = &cri("kubelet-volumes", h);
+    assert_kubelet_volumes_behave(c, |_| {});
 }

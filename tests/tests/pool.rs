@@ -6,7 +6,8 @@
 //! pod's MAC; a pod of another size boots cold; a ready VM killed is replaced and starts
 //! go on; a claimed VM killed fails its sandbox alone, with the VMM's death as the cause,
 //! and a pooled sandbox's killed shim is cleaned up after; a claimed VM outlives its
-//! factory; `kata-runtime exec` finds a pooled sandbox's guest; without a factory,
+//! factory; `kata-runtime exec` finds a pooled sandbox's guest; kubelet's volumes behave
+//! on a pooled VM as on a cold one; without a factory,
 //! sandboxes boot cold. Each case checks that nothing of its sandboxes
 //! or VMs is left.
 
@@ -169,6 +170,22 @@ fn a_cri_pod_on_a_pooled_vm_is_on_the_pod_network_and_a_sized_pod_boots_cold() {
 
     c.remove_pod_checked(cold);
     c.remove_pod_checked(pod);
+    assert_vms_gone(&[vm]);
+}
+
+/// A pooled VM takes its pod's kubelet volumes as a cold boot does: emptyDirs in the
+/// guest (a unix socket between containers, a tmpfs of the sizeLimit), ConfigMap updates
+/// raising inotify events.
+#[test]
+fn kubelet_volumes_on_a_pooled_vm_behave_as_on_a_cold_one() {
+    let pool = TestPool::new("volumes", RuntimeConfig::qemu(), POOL_SIZE);
+    let mut factory = TestFactory::start(&pool);
+    let c = CriContainerd::start_configured("pool-volumes", Handler::Kata, &pool.config);
+    pool.wait_full(&mut factory, &[]);
+    let mut vm = String::new();
+    assert_kubelet_volumes_behave(&c, |pod| {
+        vm = pooled_vm(&c.containerd().log(), &pod.id);
+    });
     assert_vms_gone(&[vm]);
 }
 

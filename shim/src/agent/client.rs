@@ -254,22 +254,7 @@ impl Agent for KataAgent {
         Ok(())
     }
 
-    async fn create_container(
-        &self,
-        id: &str,
-        spec: Vec<u8>,
-        stdin: bool,
-        pod_sandbox: bool,
-        block_devices: Vec<protocols::agent::BlockDevice>,
-    ) -> Result<()> {
-        let req = CreateContainerRequest {
-            container_id: id.to_string(),
-            oci_spec: spec,
-            stdin,
-            pod_sandbox,
-            block_devices,
-            ..Default::default()
-        };
+    async fn create_container(&self, req: CreateContainerRequest) -> Result<()> {
         let r = self.client.create_container(ctx(), &req);
         self.call("CreateContainer", Deadline::Setup, r).await?;
         Ok(())

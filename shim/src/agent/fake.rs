@@ -155,14 +155,8 @@ impl Agent for FakeAgent {
         self.serve("CreateSandbox", async { Ok(()) }).await
     }
 
-    async fn create_container(
-        &self,
-        id: &str,
-        _spec: Vec<u8>,
-        _stdin: bool,
-        _pod_sandbox: bool,
-        _block_devices: Vec<protocols::agent::BlockDevice>,
-    ) -> Result<()> {
+    async fn create_container(&self, req: protocols::agent::CreateContainerRequest) -> Result<()> {
+        let id = req.container_id.as_str();
         self.record("CreateContainer", id, "");
         let gate = self
             .held_creates

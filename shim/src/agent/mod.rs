@@ -135,16 +135,8 @@ pub trait Agent: Send + Sync {
 
     /// Makes the guest the pod's (hostname, network), before its first container.
     async fn create_sandbox(&self, req: protocols::agent::CreateSandboxRequest) -> Result<()>;
-    /// `pod_sandbox`: the container's namespaces become the ones the pod shares;
-    /// `block_devices`: the host block devices of its spec, attached to the VM already.
-    async fn create_container(
-        &self,
-        id: &str,
-        spec: Vec<u8>,
-        stdin: bool,
-        pod_sandbox: bool,
-        block_devices: Vec<protocols::agent::BlockDevice>,
-    ) -> Result<()>;
+    /// `req.pod_sandbox`: the container's namespaces become the ones the pod shares.
+    async fn create_container(&self, req: protocols::agent::CreateContainerRequest) -> Result<()>;
     async fn start_container(&self, id: &str) -> Result<()>;
     async fn remove_container(&self, id: &str) -> Result<()>;
     async fn exec_process(

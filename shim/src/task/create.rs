@@ -25,7 +25,8 @@ struct Parsed {
     /// What the (sandbox) container's spec says about the whole sandbox.
     sandbox: spec::SandboxSpec,
     spec: serde_json::Value,
-    binds: Vec<spec::HostBind>,
+    /// The host binds and guest volumes the guest's spec relies on.
+    mounts: spec::GuestMounts,
     stdio: StdioPaths,
 }
 
@@ -110,7 +111,7 @@ impl Inner {
             ));
         }
         let pod_member = sandbox_id != req.id;
-        let binds = spec::rewrite_for_guest(&mut spec, &req.id, pod_member)
+        let mounts = spec::rewrite_for_guest(&mut spec, &req.id, pod_member)
             .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         let terminal = spec
             .pointer("/process/terminal")
@@ -126,7 +127,7 @@ impl Inner {
             bundle,
             sandbox,
             spec,
-            binds,
+            mounts,
             stdio,
         })
     }
@@ -209,7 +210,7 @@ impl Inner {
                 &req.id,
                 &p.bundle,
                 &req.rootfs,
-                &p.binds,
+                &p.mounts,
                 p.spec.clone(),
                 !p.stdio.stdin.is_empty(),
                 req.id == self.sandbox_id,

@@ -10,6 +10,7 @@
 //! so that a test can assert on an error (a refused sysctl) as well as on a result.
 
 mod harness;
+mod kubelet;
 mod logs;
 mod stream;
 
@@ -24,6 +25,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use harness::*;
+pub use kubelet::{assert_kubelet_volumes_behave, FakeKubelet};
 pub use logs::{parse_cri_log, read_cri_log, LogLine};
 pub use stream::{ExecStatus, ExecStream, PortForwardStream};
 
