@@ -56,8 +56,9 @@ tar -xzf "$work/layout/blobs/sha256/${layer#sha256:}" -C "$work/tools"
 mkdir -p "$work/tools/usr/local/bin"
 "$CC" -static -Os -s -Wall -Wextra -Werror -o "$work/tools/usr/local/bin/usock" "$here/k8s-usock.c" ||
     die "compiling k8s-usock.c failed"
-# wget and nslookup of Debian's dynamically linked busybox (the image's /bin/sh): the
-# static build's crash or lack options (wget -T) in a container.
+# wget and nslookup of Debian's dynamically linked busybox (the image's /bin/sh), as
+# upstream's images have them (busybox 1.35's wget crashes with -T in either build: the
+# cases bound it with timeout(1) instead).
 for a in wget nslookup; do
     ln -sf /bin/sh "$work/tools/usr/local/bin/$a"
 done

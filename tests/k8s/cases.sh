@@ -798,15 +798,15 @@ case_pod-to-pod() {
     web_and_client
     local ip
     ip=$(jp pod/web '{.status.podIP}')
-    has "$(x client -- wget -qO- -T 20 "http://$ip/")" "$WEB_TEXT" "a page from the other pod"
+    has "$(x client -- timeout 20 wget -qO- "http://$ip/")" "$WEB_TEXT" "a page from the other pod"
 }
 
 case_service-dns() {
     web_and_client
     kn expose pod web --name=web --port=80 >/dev/null
     has "$(x client -- nslookup "web.$NS.svc.cluster.local")" "$(jp svc/web '{.spec.clusterIP}')" "the service's DNS name"
-    until_ok 30 "the ClusterIP service did not answer" x client -- wget -qO- -T 10 "http://web.$NS.svc.cluster.local/"
-    has "$(x client -- wget -qO- -T 10 http://web/)" "$WEB_TEXT" "a page through the service's short name"
+    until_ok 30 "the ClusterIP service did not answer" x client -- timeout 10 wget -qO- "http://web.$NS.svc.cluster.local/"
+    has "$(x client -- timeout 10 wget -qO- http://web/)" "$WEB_TEXT" "a page through the service's short name"
 }
 
 case_node-port() {
@@ -946,7 +946,11 @@ still_running() {
     # kubelet learns the pods again from the CRI within a few seconds of its or
     # containerd's restart; until then it answers "pod does not exist".
     until_ok 60 "exec after the restart" sh -c "[ \"\$(timeout 60 kubectl -n $NS exec keep -- echo alive)\" = alive ]"
-    has "$(kn logs --tail=5 keep)" tick- "logs after the restart"
+    until_ok 30 "logs after the restart" sh -c "kubectl -n $NS logs --tail=5 keep | grep -q tick-"
+    # New lines, written after the restart, reach the log too.
+    local last
+    last=$(kn logs --tail=1 keep)
+    until_ok 30 "no new log line after the restart (last: $last)" sh -c "[ \"\$(kubectl -n $NS logs --tail=1 keep)\" != '$last' ]"
     until_ok 90 "no stats of the pod after the restart" sh -c \
         "kubectl get --raw /api/v1/nodes/$NODE/proxy/stats/summary | jq -e '.pods[] | select(.podRef.name == \"keep\" and .podRef.namespace == \"$NS\") | .memory.workingSetBytes > 0'"
 }
