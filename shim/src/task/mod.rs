@@ -25,7 +25,7 @@ mod watch;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use containerd_shim::asynchronous::ExitSignal;
@@ -36,13 +36,12 @@ use containerd_shim_protos::shim_async::Task;
 use slog::{debug, info, Logger};
 use ttrpc::Code;
 
-use crate::container::{ExecRefused, Exit, Status};
+use crate::container::{ExecRefused, Status};
 use crate::events::{timestamp, Events};
-use crate::io::{Relays, StdioPaths};
+use crate::io::StdioPaths;
 use crate::launch::Launcher;
-use crate::sandbox::Sandbox;
 use reach::{to_completion, Contact};
-use state::{agent_err, failed, not_found, status, unimplemented, Result, State};
+use state::{agent_err, failed, status, unimplemented, Result, State};
 
 pub struct TaskService {
     inner: Arc<Inner>,
