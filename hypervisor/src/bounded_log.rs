@@ -344,7 +344,9 @@ mod tests {
             log: log.clone(),
             place: crate::process::Place::default(),
         };
-        let pid = daemon.spawn_capped(16 * 1024, &crate::discard_logger()).unwrap();
+        let pid = daemon
+            .spawn_capped(16 * 1024, &crate::discard_logger())
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while crate::process::exit_description(pid).is_none() {
             assert!(Instant::now() < deadline, "sh hangs");
@@ -355,7 +357,10 @@ mod tests {
         let len = std::fs::metadata(&log).unwrap().len();
         assert!(len <= 16 * 1024, "{len} bytes");
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(text.starts_with("[kata: older noisy output was dropped"), "{text}");
+        assert!(
+            text.starts_with("[kata: older noisy output was dropped"),
+            "{text}"
+        );
         assert!(text.contains("warning 2999:"), "{text}");
     }
 }

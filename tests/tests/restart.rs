@@ -80,12 +80,14 @@ fn killed_mid_create(c: Containerd, prefix: &str) {
     for (id, cgroup) in ids.iter().zip(&cgroups) {
         // Listed (State answers once the create has finished), or gone: the shim ended
         // (containerd ran its `delete`) or was never started.
-        let outcome = poll(BOOT, Duration::from_millis(500), || match c.task_status(id) {
-            Some(s) => Some(format!("listed {s}")),
-            None if pid_of(id, Part::Shim).is_none() && pid_of(id, Part::Vmm).is_none() => {
-                Some("gone".to_string())
+        let outcome = poll(BOOT, Duration::from_millis(500), || {
+            match c.task_status(id) {
+                Some(s) => Some(format!("listed {s}")),
+                None if pid_of(id, Part::Shim).is_none() && pid_of(id, Part::Vmm).is_none() => {
+                    Some("gone".to_string())
+                }
+                None => None,
             }
-            None => None,
         })
         .unwrap_or_else(|| {
             panic!(
@@ -318,7 +320,11 @@ fn a_shim_nobody_comes_back_to_ends_on_its_own() {
     let t0 = Instant::now();
     cut.create_and_hang_up(&address, Duration::from_millis(300));
     assert!(
-        poll(BOOT, Duration::from_millis(200), || pid_of(&cut.id, Part::Vmm)).is_some(),
+        poll(BOOT, Duration::from_millis(200), || pid_of(
+            &cut.id,
+            Part::Vmm
+        ))
+        .is_some(),
         "the cut-short create booted no VM: {:?}",
         sandbox_processes(&cut.id)
     );
@@ -333,10 +339,19 @@ fn a_shim_nobody_comes_back_to_ends_on_its_own() {
             t0.elapsed().as_secs(),
             sandbox_processes(&b.id)
         );
-        eprintln!("{}: ({what}) ended {:.1}s after start", b.id, t0.elapsed().as_secs_f64());
+        eprintln!(
+            "{}: ({what}) ended {:.1}s after start",
+            b.id,
+            t0.elapsed().as_secs_f64()
+        );
         assert_nothing_left(&b.id, Some(&b.cgroup()));
         let socket = address_path(&b.file_address());
-        assert!(!socket.exists(), "{} left its socket {}", b.id, socket.display());
+        assert!(
+            !socket.exists(),
+            "{} left its socket {}",
+            b.id,
+            socket.display()
+        );
     }
 }
 

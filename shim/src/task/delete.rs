@@ -17,7 +17,10 @@ use crate::sandbox::Sandbox;
 
 impl Inner {
     /// Removes exec `req.exec_id`, or container `req.id` (and the sandbox with the last).
-    pub(super) async fn delete_request(self: &Arc<Self>, req: DeleteRequest) -> Result<DeleteResponse> {
+    pub(super) async fn delete_request(
+        self: &Arc<Self>,
+        req: DeleteRequest,
+    ) -> Result<DeleteResponse> {
         if !req.exec_id.is_empty() {
             let mut st = self.lock();
             let pid = st.task_pid();

@@ -52,10 +52,7 @@ const CHECK_EVERY: Duration = Duration::from_secs(2);
 pub enum Unreached {
     BundleGone(PathBuf),
     NoTask(Duration),
-    Abandoned {
-        rpc: &'static str,
-        since: Duration,
-    },
+    Abandoned { rpc: &'static str, since: Duration },
 }
 
 impl std::fmt::Display for Unreached {
@@ -261,8 +258,7 @@ impl Inner {
                     return;
                 }
                 let there = bundle.as_ref().map(|b| (b, b.is_dir()));
-                let Some(why) = inner.contact.verdict(Instant::now(), inner.tasks(), there)
-                else {
+                let Some(why) = inner.contact.verdict(Instant::now(), inner.tasks(), there) else {
                     continue;
                 };
                 let _life = inner.lifecycle.lock().await;
@@ -311,7 +307,10 @@ mod tests {
     fn running_containers_without_callers_are_never_ended() {
         let t0 = Instant::now();
         let c = Contact::new(t0);
-        assert_eq!(c.verdict(t0 + 1000 * NO_TASK_LIMIT, Tasks::Busy, None), None);
+        assert_eq!(
+            c.verdict(t0 + 1000 * NO_TASK_LIMIT, Tasks::Busy, None),
+            None
+        );
     }
 
     #[test]
@@ -331,14 +330,20 @@ mod tests {
         let c = Contact::new(t0);
         c.abandoned("create", t0, t0);
         c.heard();
-        assert_eq!(c.verdict(t0 + 10 * ABANDONED_LIMIT, Tasks::Idle, None), None);
+        assert_eq!(
+            c.verdict(t0 + 10 * ABANDONED_LIMIT, Tasks::Idle, None),
+            None
+        );
         // ... also when it came while the create was still under way.
         let c = Contact::new(t0);
         let gone = Instant::now();
         c.abandoned("create", gone, gone);
         c.heard();
         c.abandoned("create", gone, Instant::now());
-        assert_eq!(c.verdict(gone + 10 * ABANDONED_LIMIT, Tasks::Idle, None), None);
+        assert_eq!(
+            c.verdict(gone + 10 * ABANDONED_LIMIT, Tasks::Idle, None),
+            None
+        );
     }
 
     #[test]
@@ -346,7 +351,10 @@ mod tests {
         let t0 = Instant::now();
         let c = Contact::new(t0);
         c.abandoned("start", t0, t0);
-        assert_eq!(c.verdict(t0 + 10 * ABANDONED_LIMIT, Tasks::Busy, None), None);
+        assert_eq!(
+            c.verdict(t0 + 10 * ABANDONED_LIMIT, Tasks::Busy, None),
+            None
+        );
     }
 
     #[test]
