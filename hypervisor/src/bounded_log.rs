@@ -174,8 +174,7 @@ struct RingFile {
 impl RingFile {
     fn create(path: &Path, cap: u64, what: &str) -> std::io::Result<Self> {
         let file = create_fresh(path)?;
-        let what = what.strip_prefix("the ").unwrap_or(what);
-        let note = format!("[kata: older {what} output was dropped to keep this log bounded]\n");
+        let note = format!("[kata: older output of {what} was dropped to keep this log bounded]\n");
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -246,7 +245,8 @@ mod tests {
 
     fn ring(cap: u64) -> (tempfile::TempDir, RingFile) {
         let dir = tempfile::tempdir().unwrap();
-        let r = RingFile::create(&dir.path().join("console.log"), cap, "guest console").unwrap();
+        let r =
+            RingFile::create(&dir.path().join("console.log"), cap, "the guest console").unwrap();
         (dir, r)
     }
 
@@ -263,7 +263,7 @@ mod tests {
         assert!(text.starts_with(&r.note), "{text}");
         assert_eq!(
             r.note,
-            "[kata: older guest console output was dropped to keep this log bounded]\n"
+            "[kata: older output of the guest console was dropped to keep this log bounded]\n"
         );
         assert!(text.ends_with("line 4999\n"), "{text}");
         // Whole lines only after the note.
@@ -358,7 +358,7 @@ mod tests {
         assert!(len <= 16 * 1024, "{len} bytes");
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(
-            text.starts_with("[kata: older noisy output was dropped"),
+            text.starts_with("[kata: older output of noisy was dropped"),
             "{text}"
         );
         assert!(text.contains("warning 2999:"), "{text}");

@@ -27,5 +27,5 @@ pub const CONSOLE_FD: RawFd = 3;
 /// pipe's write end, to be handed to the VMM on [`CONSOLE_FD`]; drop every copy of it once
 /// the VMM is spawned, so that the reader ends with the VMM.
 pub fn start(path: &Path, cap: u64, logger: &Logger) -> Result<Arc<OwnedFd>, Error> {
-    crate::bounded_log::start(path, cap, "guest console", logger)
+    crate::bounded_log::start(path, cap, "the guest console", logger)
 }

@@ -37,8 +37,8 @@ const RUN_DIR_CAP: u64 = 2 << 20;
 const SBS_DIR_CAP: u64 = 256 << 10;
 /// The most the shim may log (into containerd's log) during the flood.
 const SHIM_LOG_CAP: usize = 64 << 10;
-/// The first line of a console log the shim has cut (hypervisor::console's NOTE).
-const CUT_NOTE: &str = "[kata: older guest console output was dropped";
+/// The first line of a console log the shim has cut (hypervisor::bounded_log's note).
+const CUT_NOTE: &str = "[kata: older output of the guest console was dropped";
 
 /// `flood SECONDS`: for SECONDS, vsock connects where they fail, as fast as they go;
 /// prints `ATTEMPTS host=N loopback=N` at the end.
