@@ -982,7 +982,9 @@ fn probe_in(
                 .map_err(|e| e.to_string())?,
         )),
     };
-    let pid = daemon.spawn().map_err(|e| e.to_string())?;
+    let pid = daemon
+        .spawn(&crate::discard_logger())
+        .map_err(|e| e.to_string())?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let how = loop {
         if let Some(how) = crate::process::exit_description(pid) {
@@ -1126,7 +1128,7 @@ mod tests {
                     .unwrap(),
             )),
         };
-        let pid = daemon.spawn().unwrap();
+        let pid = daemon.spawn(&crate::discard_logger()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while crate::process::exit_description(pid).is_none() {
             assert!(
@@ -1135,6 +1137,7 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        crate::bounded_log::settle(&out);
         let text = std::fs::read_to_string(&out).unwrap();
         let uid = ids.uid.to_string();
         assert_eq!(

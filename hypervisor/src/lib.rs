@@ -20,6 +20,7 @@
 pub mod accel;
 pub mod adopted;
 pub mod agent_params;
+pub mod bounded_log;
 pub mod builtin;
 pub mod console;
 mod error;

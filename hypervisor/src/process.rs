@@ -202,24 +202,27 @@ pub fn join_file(dir: &Path) -> PathBuf {
 
 impl Daemon<'_> {
     /// Spawns the program and returns its pid. The `Child` handle is dropped on purpose:
-    /// the pid is what gets recorded, signalled and reaped.
-    pub fn spawn(&self) -> Result<i32, Error> {
-        // Not through a link: the run directory may belong to a confined helper's uid
-        // (kata-vsock starts before QEMU), which must not point a log of the shim's at a
-        // host file.
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.log)
-            .map_err(|source| Error::RunDir {
+    /// the pid is what gets recorded, signalled and reaped. Its stdout and stderr go to
+    /// its log, capped at [`LOG_CAP`](crate::bounded_log::LOG_CAP) (see
+    /// [`crate::bounded_log`]); `logger` hears when the log cannot be written.
+    pub fn spawn(&self, logger: &slog::Logger) -> Result<i32, Error> {
+        self.spawn_capped(crate::bounded_log::LOG_CAP, logger)
+    }
+
+    /// [`Daemon::spawn`] with a log of at most `cap` bytes.
+    pub fn spawn_capped(&self, cap: u64, logger: &slog::Logger) -> Result<i32, Error> {
+        // Made anew, never through a link: the run directory may belong to a confined
+        // helper's uid (kata-vsock starts before QEMU), which must not point a log of the
+        // shim's at a host file.
+        let write = crate::bounded_log::start(&self.log, cap, self.step, logger)?;
+        let clone = |w: &OwnedFd| {
+            w.try_clone().map_err(|source| Error::RunDir {
                 path: self.log.clone(),
                 source,
-            })?;
-        let log_err = log.try_clone().map_err(|source| Error::RunDir {
-            path: self.log.clone(),
-            source,
-        })?;
+            })
+        };
+        let (log, log_err) = (clone(&write)?, clone(&write)?);
+        drop(write);
         // Its own process group, so that stopping it also stops what it forked (virtiofsd
         // runs its sandboxed worker as a child): see `kill_and_reap`.
         let mut command = Command::new(self.program);
@@ -268,6 +271,7 @@ impl Daemon<'_> {
 
     /// An error for this step with the tail of its log.
     pub fn failed(&self, reason: String) -> Error {
+        crate::bounded_log::settle(&self.log);
         Error::Step {
             step: self.step,
             reason,
@@ -476,6 +480,7 @@ pub fn pids_mentioning(needle: &str) -> Vec<i32> {
 /// A link there is not followed: the run directory may belong to the VMM's uid, which
 /// must not have the shim quote a host file of its choosing.
 pub fn log_tail(path: &Path) -> String {
+    crate::bounded_log::settle(path);
     let opened = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -926,7 +931,7 @@ mod tests {
             log: dir.path().join("sleep.log"),
             place: Place::new(&cfg, false).unwrap(),
         };
-        let pid = daemon.spawn().unwrap();
+        let pid = daemon.spawn(&crate::discard_logger()).unwrap();
         let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
         assert!(kill_and_reap(&[pid], Duration::from_millis(300)).is_empty());
         let own = own.unwrap();
@@ -963,7 +968,7 @@ mod tests {
     }
 
     #[test]
-    fn a_daemon_log_planted_as_a_link_is_refused() {
+    fn a_daemon_log_planted_as_a_link_is_never_followed() {
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("secret");
         std::fs::write(&secret, "host file\n").unwrap();
@@ -977,8 +982,14 @@ mod tests {
             log,
             place: Place::default(),
         };
-        let err = d.spawn().unwrap_err();
-        assert!(matches!(err, Error::RunDir { .. }), "{err}");
+        let pid = d.spawn(&crate::discard_logger()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while exit_description(pid).is_none() {
+            assert!(Instant::now() < deadline, "echo hangs");
+            std::thread::sleep(POLL);
+        }
+        assert_eq!(log_tail(&d.log), "written through the link");
+        assert!(!std::fs::symlink_metadata(&d.log).unwrap().is_symlink());
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host file\n");
     }
 

@@ -94,7 +94,7 @@ impl Virtiofsd<'_> {
             place: self.place.without_netns(),
         };
         log_command(logger, &daemon);
-        let pid = daemon.spawn()?;
+        let pid = daemon.spawn(logger)?;
         started.push(pid);
         match wait_for_sockets(&daemon, pid, &[self.socket]).await {
             Ok(()) => Ok(()),

@@ -752,7 +752,7 @@ mod tests {
                 log: run.path().join("vmm.log"),
                 place: hypervisor::process::Place::new(&cfg, false).expect("place"),
             };
-            let pid = daemon.spawn().expect("spawn");
+            let pid = daemon.spawn(&hypervisor::discard_logger()).expect("spawn");
             mnt.pids.push(pid);
 
             let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");

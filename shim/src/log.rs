@@ -4,9 +4,10 @@
 use std::fs::File;
 use std::io::{LineWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use slog::{o, Drain, Logger};
 
@@ -75,7 +76,47 @@ pub fn open_fifo_writer(path: &Path) -> Option<File> {
 
 /// Opens `path` (containerd holds its read side) and builds the root logger.
 pub fn fifo_logger(path: &Path, sandbox_id: &str, debug: &DebugSwitch) -> Logger {
-    logger_into(open_fifo_writer(path), sandbox_id, debug)
+    logger_into(Some(Fifo::new(path)), sandbox_id, debug)
+}
+
+/// How often a fifo without a reader is tried again.
+const REOPEN_EVERY: Duration = Duration::from_secs(1);
+
+/// The log fifo, opened again when its reader went away and a new one came: containerd
+/// killed or restarted opens the fifo of every shim it reloads. Records written while
+/// nobody reads are dropped.
+struct Fifo {
+    path: PathBuf,
+    file: Option<File>,
+    next_try: Instant,
+}
+
+impl Fifo {
+    fn new(path: &Path) -> Self {
+        Fifo {
+            path: path.to_path_buf(),
+            file: open_fifo_writer(path),
+            next_try: Instant::now() + REOPEN_EVERY,
+        }
+    }
+}
+
+impl Write for Fifo {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.file.is_none() && Instant::now() >= self.next_try {
+            self.file = open_fifo_writer(&self.path);
+            self.next_try = Instant::now() + REOPEN_EVERY;
+        }
+        if let Some(f) = self.file.as_mut() {
+            if f.write_all(buf).is_err() {
+                self.file = None;
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn logger_into<W: Write + Send + 'static>(
@@ -142,6 +183,34 @@ mod tests {
         let got = calls.0.lock().unwrap().concat();
         let text = String::from_utf8(got).unwrap();
         assert!(!text.contains("hidden") && text.contains("shown"), "{text}");
+    }
+
+    #[test]
+    fn the_fifo_is_opened_again_once_a_new_reader_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let open_reader = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .unwrap()
+        };
+        let reader = open_reader();
+        let mut fifo = Fifo::new(&path);
+        fifo.write_all(b"one\n").unwrap();
+        // containerd killed: the write fails (EPIPE) and the record is dropped.
+        drop(reader);
+        fifo.write_all(b"lost\n").unwrap();
+        assert!(fifo.file.is_none());
+        // containerd started again and reloading the shim: its reader is back.
+        let mut reader = open_reader();
+        fifo.next_try = Instant::now();
+        fifo.write_all(b"two\n").unwrap();
+        let mut got = [0u8; 64];
+        let n = std::io::Read::read(&mut reader, &mut got).unwrap();
+        assert_eq!(&got[..n], b"two\n");
     }
 
     #[test]

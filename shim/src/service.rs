@@ -218,6 +218,8 @@ impl Shim for Service {
         let _ = self.log.set(log.clone());
         let task = TaskService::new(&self.id, launcher, events, self.exit.clone(), log);
         let _ = self.idle.set(task.idle_probe());
+        // The daemon runs in its bundle (containerd starts `start` there).
+        task.end_when_unreached(std::env::current_dir().ok());
         task
     }
 }

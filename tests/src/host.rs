@@ -244,6 +244,62 @@ pub fn leftovers(id: &str) -> Vec<String> {
     found
 }
 
+/// The uid claims (`/run/vc/ids`, each file holding its sandbox's id) of sandbox `id`.
+pub fn uid_claims_of(id: &str) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir("/run/vc/ids") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|owner| owner == id))
+        .collect()
+}
+
+/// The directories of cgroup `path` (a `linux.cgroupsPath` such as `/default/ID`) that
+/// exist in the host's hierarchies (v1 controllers and the unified one).
+pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        return Vec::new();
+    }
+    let root = Path::new("/sys/fs/cgroup");
+    let mut roots = vec![root.to_path_buf()];
+    if let Ok(dir) = std::fs::read_dir(root) {
+        roots.extend(dir.flatten().map(|e| e.path()));
+    }
+    roots
+        .into_iter()
+        .map(|r| r.join(rel))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// Waits (up to 15 s) until nothing of sandbox `id` is left: [`leftovers`], its uid
+/// claims, and the directories of its cgroup `cgroups_path` (when it had one).
+pub fn assert_nothing_left(id: &str, cgroups_path: Option<&str>) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut left = leftovers(id);
+        left.extend(
+            uid_claims_of(id)
+                .iter()
+                .map(|c| format!("uid claim {}", c.display())),
+        );
+        left.extend(
+            cgroup_dirs(cgroups_path.unwrap_or(""))
+                .iter()
+                .map(|d| format!("cgroup {}", d.display())),
+        );
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("sandbox {id} left behind:\n{}", left.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits (up to 15 s, for the shim's own shutdown) until nothing of sandbox `id` is left.
 pub fn assert_no_leftovers(id: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -291,6 +347,9 @@ impl Drop for SandboxCleanup {
             .collect();
         // Deepest (latest) first.
         mounts.reverse();
+        for claim in uid_claims_of(id) {
+            let _ = std::fs::remove_file(claim);
+        }
         for m in &mounts {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }

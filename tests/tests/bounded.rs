@@ -37,8 +37,8 @@ const RUN_DIR_CAP: u64 = 2 << 20;
 const SBS_DIR_CAP: u64 = 256 << 10;
 /// The most the shim may log (into containerd's log) during the flood.
 const SHIM_LOG_CAP: usize = 64 << 10;
-/// The first line of a console log the shim has cut (hypervisor::console's NOTE).
-const CUT_NOTE: &str = "[kata: older guest console output was dropped";
+/// The first line of a console log the shim has cut (hypervisor::bounded_log's note).
+const CUT_NOTE: &str = "[kata: older output of the guest console was dropped";
 
 /// `flood SECONDS`: for SECONDS, vsock connects where they fail, as fast as they go;
 /// prints `ATTEMPTS host=N loopback=N` at the end.
@@ -281,4 +281,76 @@ fn a_minute_of_refused_connects_and_console_flood_leaves_bounded_host_files() {
         c.log_tail()
     );
     remove_detached(&c, id);
+}
+
+/// The most each host process's log holds (hypervisor::bounded_log::LOG_CAP).
+const HOST_LOG_CAP: u64 = 1 << 20;
+/// How long the container may take to make a helper's log reach its cap.
+const NOISY_LIMIT: Duration = Duration::from_secs(180);
+
+/// A container that walks its root file system without end: with debug on (the tests'
+/// default), virtiofsd logs every request the guest sends it, about a megabyte in
+/// seconds. Its log, and every other log of the run directory, stays within
+/// [`HOST_LOG_CAP`], keeping its newest lines behind the cut's note.
+#[test]
+fn a_noisy_helper_s_log_stays_within_its_cap() {
+    let id = &format!("noisy-{}", std::process::id());
+    let _cleanup = SandboxCleanup::new(id);
+    let c = Containerd::start_configured("noisy", &RuntimeConfig::qemu());
+    start_detached(
+        &c,
+        id,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "while :; do ls -laR /bin /etc /usr >/dev/null 2>&1; cat /bin/busybox >/dev/null; done",
+        ],
+    );
+    let run_dir = Path::new("/run/vc/vm").join(id);
+    let is_log = |p: &Path| p.extension().is_some_and(|e| e == "log");
+    let cut = poll(NOISY_LIMIT, Duration::from_secs(1), || {
+        let files = files_under(&run_dir);
+        for (path, len) in &files {
+            assert!(
+                !is_log(path) || *len <= HOST_LOG_CAP,
+                "{} has {len} bytes, above its cap:\n{}",
+                path.display(),
+                listing(&files)
+            );
+        }
+        files.into_iter().find(|(p, _)| {
+            is_log(p)
+                && !p.ends_with("console.log")
+                && std::fs::read(p).is_ok_and(|t| t.starts_with(b"[kata: older "))
+        })
+    });
+    let (path, _) = cut.unwrap_or_else(|| {
+        panic!(
+            "no helper's log reached its cap in {}s:\n{}",
+            NOISY_LIMIT.as_secs(),
+            listing(&files_under(&run_dir))
+        )
+    });
+    let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    eprintln!(
+        "{} was cut: {} bytes, first line {:?}, last line {:?}",
+        path.display(),
+        text.len(),
+        lines.first(),
+        lines.last()
+    );
+    assert!(lines.len() > 100, "the cut kept too little: {text}");
+    // The sandbox still answers.
+    let out = exec(&c, id, "e1", &[], &["echo", "still here"]);
+    assert_eq!(stdout(&out), "still here\n", "{}", stderr(&out));
+    let files = files_under(&run_dir);
+    assert!(
+        files.iter().all(|(p, n)| !is_log(p) || *n <= HOST_LOG_CAP),
+        "a log above its cap:\n{}",
+        listing(&files)
+    );
+    remove_detached(&c, id);
+    assert_no_leftovers(id);
 }

@@ -319,7 +319,7 @@ impl Builtin {
             place,
         };
         log_command(&self.logger, &daemon);
-        let pid = daemon.spawn()?;
+        let pid = daemon.spawn(&self.logger)?;
         started.push(pid);
         drop(files);
         wait_ready(&daemon, pid, layout).await?;

@@ -155,7 +155,7 @@ impl Qemu {
             place,
         };
         self.log_command(&qemu);
-        let pid = qemu.spawn()?;
+        let pid = qemu.spawn(&self.logger)?;
         started.push(pid);
         drop(files);
         wait_for_qmp(&qemu, pid, &layout.qmp_socket).await?;
@@ -211,7 +211,7 @@ impl Qemu {
             },
         };
         self.log_command(&vsock);
-        let pid = vsock.spawn()?;
+        let pid = vsock.spawn(&self.logger)?;
         started.push(pid);
         wait_for_sockets(&vsock, pid, &[&layout.vsock_socket, &layout.agent_socket])
             .await

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,8 +56,20 @@ impl Inner {
             true => Some(self.lifecycle.lock().await),
             false => None,
         };
-        let result = self.create_locked(req, &parsed).await;
+        let result = if self.ending.load(Ordering::SeqCst) {
+            Err(status(
+                Code::UNAVAILABLE,
+                format!(
+                    "the shim of sandbox {} is shutting down; create container {} again",
+                    self.sandbox_id, req.id
+                ),
+            ))
+        } else {
+            self.create_locked(req, &parsed).await
+        };
         self.lock().creating.remove(&req.id);
+        // Requests about this id that waited for the create answer now.
+        self.settled.send_modify(|n| *n = n.wrapping_add(1));
         let pid = result?;
         info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         if req.id == self.sandbox_id {

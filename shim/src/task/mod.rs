@@ -4,16 +4,28 @@
 //!
 //! Only the sandbox's birth and death take the `lifecycle` lock (held across a VM boot):
 //! a container created in a running sandbox, a delete that leaves the sandbox running,
-//! State, Connect, Kill, Wait and exit reporting never wait for it.
+//! State, Connect, Kill, Wait and exit reporting never wait for it. A request about a
+//! container whose create is under way waits for that create alone (`Inner::settled`):
+//! NOT_FOUND means nothing of that id exists.
+//!
+//! The RPCs that change the sandbox run to completion whatever happens to their caller,
+//! and a daemon nobody can reach any more ends on its own (see `reach`). The files:
+//! `create.rs`, `start.rs`, `delete.rs` (the longer RPCs), `state.rs` (what the service
+//! knows, and its lookups), `watch.rs` (exits, OOM kills, the VM's end), `reach.rs`.
 
 mod create;
+mod delete;
+mod reach;
+mod start;
 mod state;
 #[cfg(test)]
 mod tests;
 mod watch;
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use containerd_shim::asynchronous::ExitSignal;
@@ -24,12 +36,12 @@ use containerd_shim_protos::shim_async::Task;
 use slog::{debug, info, Logger};
 use ttrpc::Code;
 
-use crate::container::{ExecRefused, Exit, Status};
+use crate::container::{ExecRefused, Status};
 use crate::events::{timestamp, Events};
-use crate::io::{Relays, StdioPaths};
+use crate::io::StdioPaths;
 use crate::launch::Launcher;
-use crate::sandbox::Sandbox;
-use state::{agent_err, failed, not_found, status, unimplemented, Result, State};
+use reach::{to_completion, Contact};
+use state::{agent_err, failed, status, unimplemented, Result, State};
 
 pub struct TaskService {
     inner: Arc<Inner>,
@@ -46,6 +58,12 @@ struct Inner {
     log: Logger,
     /// `/metrics` on the sandbox's `shim-monitor.sock`, while it has a VM.
     metrics: Mutex<Option<crate::metrics::server::MetricsServer>>,
+    /// Who reached the daemon last, for its end when nobody can (see `reach`).
+    contact: Contact,
+    /// Bumped whenever a create settles (done or undone), for requests waiting on it.
+    settled: tokio::sync::watch::Sender<u64>,
+    /// Set once the daemon is ending: no sandbox is booted any more.
+    ending: AtomicBool,
 }
 
 impl TaskService {
@@ -66,8 +84,17 @@ impl TaskService {
                 exit,
                 log,
                 metrics: Mutex::new(None),
+                contact: Contact::new(Instant::now()),
+                settled: tokio::sync::watch::channel(0).0,
+                ending: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Ends the daemon, undoing its sandbox, once nobody can reach it any more (see
+    /// `reach`); `bundle` is the daemon's bundle directory.
+    pub fn end_when_unreached(&self, bundle: Option<PathBuf>) {
+        self.inner.end_when_unreached(bundle);
     }
 }
 
@@ -92,6 +119,40 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere must not wedge every later RPC.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request `rpc` came in: its timer, and someone reaches the daemon.
+    fn request(&self, rpc: &'static str) -> Option<crate::metrics::TaskTimer> {
+        self.contact.heard();
+        crate::metrics::task_timer(rpc)
+    }
+
+    /// Waits until no create of `cid` is under way, so that a request about it answers
+    /// from what the create made: NOT_FOUND only when nothing of that id exists.
+    async fn settled(&self, cid: &str) {
+        let mut changes = self.settled.subscribe();
+        while self.lock().creating.contains(cid) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Ends every container and the sandbox, and the daemon with them (Shutdown, and
+    /// the end of a daemon nobody reaches). The caller holds the lifecycle lock.
+    async fn end_locked(&self) {
+        self.ending.store(true, Ordering::SeqCst);
+        let sb = {
+            let mut st = self.lock();
+            st.containers.clear();
+            st.sandbox.take()
+        };
+        if let Some(sb) = sb {
+            self.stop_metrics();
+            sb.destroy().await;
+        }
+        info!(self.log, "shim shutting down");
+        self.exit.signal();
     }
 
     /// Serves the sandbox's metrics on its `shim-monitor.sock`, in the state directory a
@@ -156,82 +217,6 @@ impl Inner {
         info!(self.log, "{}", if pause { "paused" } else { "resumed" }; "container" => cid);
         Ok(())
     }
-
-    /// Ends the sandbox once no container is left in it (or being created); whether it
-    /// did.
-    async fn end_sandbox_if_empty(&self) -> bool {
-        // A sandbox that goes on needs no lock: a delete does not wait for a create.
-        if !self.lock().is_empty() {
-            return false;
-        }
-        let _life = self.lifecycle.lock().await;
-        let sb = {
-            let mut st = self.lock();
-            if !st.is_empty() {
-                return false;
-            }
-            st.sandbox.take()
-        };
-        if let Some(sb) = sb {
-            self.stop_metrics();
-            sb.destroy().await;
-        }
-        true
-    }
-
-    /// Removes container `cid` from the guest and the host; ends the sandbox when it was
-    /// the last one.
-    async fn delete_container(&self, cid: &str) -> Result<Option<Exit>> {
-        let (mut c, sb) = {
-            let mut st = self.lock();
-            let c = st.container(cid)?;
-            if matches!(c.init.status(), Status::Running | Status::Paused) {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {cid} is still running; kill it first"),
-                ));
-            }
-            let c = st
-                .containers
-                .remove(cid)
-                .ok_or_else(|| not_found(cid, ""))?;
-            (c, st.sandbox.clone())
-        };
-        let exit = c.init.exit();
-        let Some(sb) = sb else {
-            drop(c);
-            self.end_sandbox_if_empty().await;
-            return Ok(exit);
-        };
-        // The last container's delete ends the sandbox, and DestroySandbox ends every
-        // process in the guest before the VM stops: removing this container in the guest
-        // first would cost a round trip and guest work (unmounts, its cgroup) that the
-        // VM's end makes moot.
-        let last = self.lock().is_empty();
-        if !last {
-            self.remove_in_guest(&sb, cid).await;
-            // Once no process of it can hold them.
-            sb.remove_block_devices(cid, &c.block_devices).await;
-        }
-        sb.remove_container_host(&c.mounts, &c.share_dir);
-        let block_devices = std::mem::take(&mut c.block_devices);
-        drop(c);
-        if !self.end_sandbox_if_empty().await && last {
-            // A create came in meanwhile and keeps the sandbox: remove it after all.
-            self.remove_in_guest(&sb, cid).await;
-            sb.remove_block_devices(cid, &block_devices).await;
-        }
-        Ok(exit)
-    }
-
-    async fn remove_in_guest(&self, sb: &Sandbox, cid: &str) {
-        // A VM that is gone has nothing left to remove.
-        if sb.end_cause().is_none() {
-            if let Err(e) = sb.agent().remove_container(cid).await {
-                slog::warn!(self.log, "removing the container in the guest"; "container" => cid, "error" => %e);
-            }
-        }
-    }
 }
 
 fn proc_status(s: Status) -> containerd_shim_protos::api::Status {
@@ -250,14 +235,18 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: CreateTaskRequest,
     ) -> Result<CreateTaskResponse> {
-        let _timer = crate::metrics::task_timer("create");
+        let _timer = self.inner.request("create");
         info!(self.inner.log, "create"; "container" => &req.id, "bundle" => &req.bundle);
         if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
             return Err(unimplemented(
                 "restoring a checkpoint is not supported for VM sandboxes",
             ));
         }
-        let pid = self.inner.create_container(&req).await?;
+        let inner = self.inner.clone();
+        let pid = to_completion(&self.inner, "create", async move {
+            inner.create_container(&req).await
+        })
+        .await?;
         Ok(CreateTaskResponse {
             pid,
             ..Default::default()
@@ -265,56 +254,13 @@ impl Task for TaskService {
     }
 
     async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> Result<StartResponse> {
-        let _timer = crate::metrics::task_timer("start");
-        let inner = &self.inner;
-        let (agent, pid, exec_spec, stdio) = {
-            let mut st = inner.lock();
-            let (agent, pid) = (st.agent(&req.id)?, st.task_pid());
-            let p = st.process_mut(&req.id, &req.exec_id)?;
-            p.begin_start().map_err(|e| {
-                status(
-                    Code::FAILED_PRECONDITION,
-                    format!("process {:?} of {} {e}", req.exec_id, req.id),
-                )
-            })?;
-            (agent, pid, p.spec.clone(), p.stdio.clone())
-        };
-        let started = if req.exec_id.is_empty() {
-            agent.start_container(&req.id).await
-        } else {
-            let spec = exec_spec.unwrap_or_default();
-            agent
-                .exec_process(&req.id, &req.exec_id, spec, !stdio.stdin.is_empty())
-                .await
-        };
-        {
-            let mut st = inner.lock();
-            let p = st.process_mut(&req.id, &req.exec_id)?;
-            if let Err(e) = started {
-                p.start_failed();
-                return Err(agent_err(e));
-            }
-            p.started();
-            if !req.exec_id.is_empty() {
-                p.relays = Some(Relays::start(
-                    &agent,
-                    &req.id,
-                    &req.exec_id,
-                    &stdio,
-                    &inner.log,
-                ));
-            }
-        }
-        inner.watch_exit(&req.id, &req.exec_id, agent);
-        if req.exec_id.is_empty() {
-            info!(inner.log, "phase: container started"; "phase" => "container started", "container" => &req.id);
-            if req.id == inner.sandbox_id {
-                crate::metrics::METRICS.phase("sandbox_started");
-            }
-            inner.events.start(&req.id, pid).await;
-        } else {
-            inner.events.exec_started(&req.id, &req.exec_id, pid).await;
-        }
+        let _timer = self.inner.request("start");
+        self.inner.settled(&req.id).await;
+        let inner = self.inner.clone();
+        let pid = to_completion(&self.inner, "start", async move {
+            inner.start_process(req).await
+        })
+        .await?;
         Ok(StartResponse {
             pid,
             ..Default::default()
@@ -322,7 +268,8 @@ impl Task for TaskService {
     }
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> Result<StateResponse> {
-        let _timer = crate::metrics::task_timer("state");
+        let _timer = self.inner.request("state");
+        self.inner.settled(&req.id).await;
         let st = self.inner.lock();
         let c = st.container(&req.id)?;
         let p = st.process(&req.id, &req.exec_id)?;
@@ -348,7 +295,8 @@ impl Task for TaskService {
     }
 
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> Result<WaitResponse> {
-        let _timer = crate::metrics::task_timer("wait");
+        let _timer = self.inner.request("wait");
+        self.inner.settled(&req.id).await;
         let mut rx = self.inner.lock().process(&req.id, &req.exec_id)?.exits();
         let exit = loop {
             if let Some(e) = *rx.borrow_and_update() {
@@ -372,7 +320,8 @@ impl Task for TaskService {
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("kill");
+        let _timer = self.inner.request("kill");
+        self.inner.settled(&req.id).await;
         let agent = {
             let st = self.inner.lock();
             let p = st.process(&req.id, &req.exec_id)?;
@@ -409,53 +358,18 @@ impl Task for TaskService {
     }
 
     async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> Result<DeleteResponse> {
-        let _timer = crate::metrics::task_timer("delete");
-        let inner = &self.inner;
-        if !req.exec_id.is_empty() {
-            let mut st = inner.lock();
-            let pid = st.task_pid();
-            if matches!(
-                st.process(&req.id, &req.exec_id)?.status(),
-                Status::Running | Status::Paused
-            ) {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("process {} is still running; kill it first", req.exec_id),
-                ));
-            }
-            let p = st
-                .container_mut(&req.id)?
-                .execs
-                .remove(&req.exec_id)
-                .ok_or_else(|| not_found(&req.id, &req.exec_id))?;
-            let exit = p.exit();
-            return Ok(DeleteResponse {
-                pid,
-                exit_status: exit.map(|e| e.status).unwrap_or(0),
-                exited_at: exit.map(|e| timestamp(e.at)).into(),
-                ..Default::default()
-            });
-        }
-        info!(inner.log, "delete"; "container" => &req.id);
-        let pid = inner.lock().task_pid();
-        let exit = inner.delete_container(&req.id).await?;
-        let code = exit.map(|e| e.status).unwrap_or(0);
-        inner
-            .events
-            .delete(&req.id, pid, code, exit.map(|e| e.at))
-            .await;
-        Ok(DeleteResponse {
-            pid,
-            exit_status: code,
-            exited_at: MessageField::some(timestamp(
-                exit.map(|e| e.at).unwrap_or_else(SystemTime::now),
-            )),
-            ..Default::default()
+        let _timer = self.inner.request("delete");
+        self.inner.settled(&req.id).await;
+        let inner = self.inner.clone();
+        to_completion(&self.inner, "delete", async move {
+            inner.delete_request(req).await
         })
+        .await
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("exec");
+        let _timer = self.inner.request("exec");
+        self.inner.settled(&req.id).await;
         let spec = req
             .spec
             .as_ref()
@@ -491,7 +405,8 @@ impl Task for TaskService {
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("resize_pty");
+        let _timer = self.inner.request("resize_pty");
+        self.inner.settled(&req.id).await;
         let agent = {
             let st = self.inner.lock();
             st.process(&req.id, &req.exec_id)?;
@@ -505,7 +420,8 @@ impl Task for TaskService {
     }
 
     async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("close_io");
+        let _timer = self.inner.request("close_io");
+        self.inner.settled(&req.id).await;
         debug!(self.inner.log, "close io"; "container" => &req.id, "exec" => &req.exec_id, "stdin" => req.stdin);
         let mut st = self.inner.lock();
         let p = st.process_mut(&req.id, &req.exec_id)?;
@@ -518,7 +434,8 @@ impl Task for TaskService {
     }
 
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> Result<PidsResponse> {
-        let _timer = crate::metrics::task_timer("pids");
+        let _timer = self.inner.request("pids");
+        self.inner.settled(&req.id).await;
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;
@@ -538,7 +455,7 @@ impl Task for TaskService {
     }
 
     async fn connect(&self, _ctx: &TtrpcContext, _req: ConnectRequest) -> Result<ConnectResponse> {
-        let _timer = crate::metrics::task_timer("connect");
+        let _timer = self.inner.request("connect");
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid: self.inner.lock().task_pid(),
@@ -548,50 +465,58 @@ impl Task for TaskService {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, req: ShutdownRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("shutdown");
-        let inner = &self.inner;
-        let _life = inner.lifecycle.lock().await;
-        let sb = {
-            let mut st = inner.lock();
-            if !st.is_empty() && !req.now {
-                debug!(inner.log, "shutdown ignored: containers remain"; "count" => st.containers.len());
-                return Ok(Empty::new());
+        let _timer = self.inner.request("shutdown");
+        let inner = self.inner.clone();
+        to_completion(&self.inner, "shutdown", async move {
+            let _life = inner.lifecycle.lock().await;
+            let count = inner.lock().containers.len();
+            if !inner.lock().is_empty() && !req.now {
+                debug!(inner.log, "shutdown ignored: containers remain"; "count" => count);
+                return Ok(());
             }
-            st.containers.clear();
-            st.sandbox.take()
-        };
-        if let Some(sb) = sb {
-            inner.stop_metrics();
-            sb.destroy().await;
-        }
-        info!(inner.log, "shim shutting down");
-        inner.exit.signal();
+            inner.end_locked().await;
+            Ok(())
+        })
+        .await?;
         Ok(Empty::new())
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("pause");
-        self.inner.set_paused(&req.id, true).await?;
-        self.inner.events.paused(&req.id).await;
+        let _timer = self.inner.request("pause");
+        self.inner.settled(&req.id).await;
+        let inner = self.inner.clone();
+        to_completion(&self.inner, "pause", async move {
+            inner.set_paused(&req.id, true).await?;
+            inner.events.paused(&req.id).await;
+            Ok(())
+        })
+        .await?;
         Ok(Empty::new())
     }
 
     async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("resume");
-        self.inner.set_paused(&req.id, false).await?;
-        self.inner.events.resumed(&req.id).await;
+        let _timer = self.inner.request("resume");
+        self.inner.settled(&req.id).await;
+        let inner = self.inner.clone();
+        to_completion(&self.inner, "resume", async move {
+            inner.set_paused(&req.id, false).await?;
+            inner.events.resumed(&req.id).await;
+            Ok(())
+        })
+        .await?;
         Ok(Empty::new())
     }
 
     async fn checkpoint(&self, _ctx: &TtrpcContext, _req: CheckpointTaskRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("checkpoint");
+        let _timer = self.inner.request("checkpoint");
         Err(unimplemented(
             "checkpoint is not supported for VM sandboxes",
         ))
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
-        let _timer = crate::metrics::task_timer("update");
+        let _timer = self.inner.request("update");
+        self.inner.settled(&req.id).await;
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;
@@ -618,7 +543,8 @@ impl Task for TaskService {
     }
 
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> Result<StatsResponse> {
-        let _timer = crate::metrics::task_timer("stats");
+        let _timer = self.inner.request("stats");
+        self.inner.settled(&req.id).await;
         let agent = {
             let st = self.inner.lock();
             st.container(&req.id)?;

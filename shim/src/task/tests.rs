@@ -319,7 +319,7 @@ async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
 }
 
 #[tokio::test]
-async fn state_and_connect_answer_while_the_sandbox_boots() {
+async fn connect_answers_while_the_sandbox_boots_and_state_waits_for_it() {
     let gate = Arc::new(Notify::new());
     let f = Arc::new(fixture(Some(gate.clone())));
     let creating = {
@@ -335,17 +335,26 @@ async fn state_and_connect_answer_while_the_sandbox_boots() {
     .await
     .expect("Connect answers during a boot");
     assert_eq!(connect.unwrap().shim_pid, std::process::id());
-    let state = tokio::time::timeout(Duration::from_secs(1), f.state(SB, ""))
-        .await
-        .expect("State answers during a boot");
-    assert_eq!(code(&state.unwrap_err()), Code::NOT_FOUND);
+    // State of a container being created answers from what the create makes: never
+    // NOT_FOUND while something of that id exists.
+    let state = {
+        let f = f.clone();
+        tokio::spawn(async move { f.state(SB, "").await })
+    };
     // A second create of the same id fails at once.
     let again = tokio::time::timeout(Duration::from_secs(1), f.create(SB))
         .await
         .expect("a duplicate create answers during the boot");
     assert_eq!(code(&again.unwrap_err()), Code::ALREADY_EXISTS);
+    assert!(!state.is_finished(), "State waits for the create");
     gate.notify_one();
     creating.await.unwrap().unwrap();
+    let state = tokio::time::timeout(Duration::from_secs(5), state)
+        .await
+        .expect("State answers once the create is done")
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.status, Status::CREATED.into());
     let dup = f.create(SB).await.unwrap_err();
     assert_eq!(code(&dup), Code::ALREADY_EXISTS);
     assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 1);
@@ -353,6 +362,46 @@ async fn state_and_connect_answer_while_the_sandbox_boots() {
     // Never started: delete right away.
     f.delete(SB).await.unwrap();
     assert!(f.share_is_gone());
+}
+
+#[tokio::test]
+async fn a_create_whose_caller_went_away_finishes_and_is_found() {
+    let gate = Arc::new(Notify::new());
+    let f = Arc::new(fixture(Some(gate.clone())));
+    let creating = {
+        let f = f.clone();
+        tokio::spawn(async move { f.create(SB).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // What ttrpc does when the request's connection closes: the handler is dropped.
+    creating.abort();
+    assert!(creating.await.unwrap_err().is_cancelled());
+    gate.notify_one();
+    let state = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match f.state(SB, "").await {
+                Ok(st) => break st,
+                // The create's own task may not have registered it yet.
+                Err(e) if code(&e) == Code::NOT_FOUND => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("state: {e:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the create finished without its caller");
+    assert_eq!(state.status, Status::CREATED.into());
+    assert_eq!(f.launcher.launched.load(Ordering::SeqCst), 1);
+    let kill = KillRequest {
+        id: SB.into(),
+        signal: 9,
+        ..Default::default()
+    };
+    f.svc.kill(&ctx(), kill).await.unwrap();
+    f.delete(SB).await.unwrap();
+    assert!(f.share_is_gone());
+    assert_eq!(f.agent.called("DestroySandbox"), 1);
 }
 
 #[tokio::test]
