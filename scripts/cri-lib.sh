@@ -192,3 +192,62 @@ kata_snippet() { # CONFIG_VERSION CONFIG_PATH
 containerd_config_version() { # CONTAINERD
     "$1" --version | awk '{ v = $3; sub(/^v/, "", v); split(v, p, "."); if (p[1] == 1) print 2; else if (p[2] <= 2) print 3; else print 4 }'
 }
+
+# A CNI network list at FILE: the bridge plugin (BRIDGE, gateway SUBNET.1, host-local
+# addresses of SUBNET.0/24 kept in $WORK/cni/ipam) and portmap, named NETNAME.
+cni_conflist() { # FILE NETNAME BRIDGE SUBNET
+    cat >"$1" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "$2",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$3",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$4.0/24", "gateway": "$4.1" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "dataDir": "$WORK/cni/ipam"
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+EOF
+}
+
+# What pods of network NETNAME on SUBNET.0/24 left when they could not be removed: the
+# host port rules of CNI's portmap (each names the network in its comment) and their
+# network namespaces (those with an address in the subnet, which no other network uses).
+cni_leftovers() { # NETNAME SUBNET
+    local rule chain m
+    iptables -t nat -S CNI-HOSTPORT-DNAT 2>/dev/null | grep -F "dnat name: \\\"$1\\\"" |
+        while IFS= read -r rule; do
+            log "removing the host port rule of a pod left behind: $rule"
+            chain=$(sed -n 's/.* -j \(CNI-DN-[0-9a-f]*\).*/\1/p' <<<"$rule")
+            eval "iptables -t nat ${rule/#-A /-D }"
+            [ -z "$chain" ] || { iptables -t nat -F "$chain"; iptables -t nat -X "$chain"; }
+        done
+    [ -n "$2" ] || return 0
+    for m in /var/run/netns/*; do
+        [ -e "$m" ] || continue
+        ip -n "$(basename -- "$m")" -4 -o addr show 2>/dev/null | grep -qF " $2." || continue
+        log "removing the network namespace $m of a pod left behind"
+        umount -l "$m" && rm -f "$m"
+    done
+}
+
+# The runtime configuration of the kata handler: ours, as the end-to-end tests write it
+# (without debug logs), at FILE.
+kata_test_config() { # FILE
+    {
+        echo '[hypervisor.qemu]'
+        echo "kernel = \"$KATA_KERNEL\""
+        echo "initrd = \"$KATA_INITRD\""
+        echo "vsock_backend = \"$KATA_SHIM_DIR/kata-vsock\""
+    } >"$1"
+}

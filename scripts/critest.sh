@@ -200,26 +200,7 @@ cleanup() {
     for shm in $(shm_segments); do
         grep -qx "$shm" <<<"$SHM_BEFORE" || ipcrm -m "$shm"
     done
-    # Host port rules of pods that could not be removed (CNI's portmap names our network
-    # in each rule's comment).
-    local rule chain
-    iptables -t nat -S CNI-HOSTPORT-DNAT 2>/dev/null | grep -F "dnat name: \\\"$NETNAME\\\"" |
-        while IFS= read -r rule; do
-            log "removing the host port rule of a pod left behind: $rule"
-            chain=$(sed -n 's/.* -j \(CNI-DN-[0-9a-f]*\).*/\1/p' <<<"$rule")
-            eval "iptables -t nat ${rule/#-A /-D }"
-            [ -z "$chain" ] || { iptables -t nat -F "$chain"; iptables -t nat -X "$chain"; }
-        done
-    # Network namespaces of pods that could not be removed: those with an address in our
-    # subnet (no other network uses it).
-    if [ -n "$SUBNET" ]; then
-        for m in /var/run/netns/*; do
-            [ -e "$m" ] || continue
-            ip -n "$(basename -- "$m")" -4 -o addr show 2>/dev/null | grep -qF " $SUBNET." || continue
-            log "removing the network namespace $m of a pod left behind"
-            umount -l "$m" && rm -f "$m"
-        done
-    fi
+    cni_leftovers "$NETNAME" "$SUBNET"
     # critest's pods have no cgroup parent: runc made /k8s.io in every hierarchy for them
     # (removed only when empty, so never from under another user of it).
     rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
@@ -260,37 +241,11 @@ registry_hosts "$WORK/hosts" "$registry" gcr.io registry.k8s.io k8s.gcr.io
 
 subnet=$(choose_subnet)
 SUBNET=$subnet
-cat >"$WORK/cni/net.d/10-critest.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "$NETNAME",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{ "subnet": "$subnet.0/24", "gateway": "$subnet.1" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }],
-        "dataDir": "$WORK/cni/ipam"
-      }
-    },
-    { "type": "portmap", "capabilities": { "portMappings": true } }
-  ]
-}
-EOF
+cni_conflist "$WORK/cni/net.d/10-critest.conflist" "$NETNAME" "$BRIDGE" "$subnet"
 
 # The runtime configuration: ours, as the end-to-end tests write it (without debug logs).
 kata_config=$WORK/configuration.toml
-{
-    echo '[hypervisor.qemu]'
-    echo "kernel = \"$KATA_KERNEL\""
-    echo "initrd = \"$KATA_INITRD\""
-    echo "vsock_backend = \"$KATA_SHIM_DIR/kata-vsock\""
-} >"$kata_config"
+kata_test_config "$kata_config"
 
 export PATH="$CONTAINERD_BIN:$KATA_SHIM_DIR:$PATH"
 cfgver=$(containerd_config_version containerd)

@@ -181,25 +181,11 @@ cleanup() {
     stop_proc kube-apiserver
     stop_proc etcd
     stop_registry
-    # kube-proxy's rules (its own clean-up mode), kubelet's chains, then CNI's host port
-    # rules of our network.
+    # kube-proxy's rules (its own clean-up mode), kubelet's chains, then what CNI left of
+    # pods that could not be removed.
     kube-proxy --cleanup >/dev/null 2>&1
     remove_new_kube_chains
-    local rule chain
-    iptables -t nat -S CNI-HOSTPORT-DNAT 2>/dev/null | grep -F "dnat name: \\\"$NETNAME\\\"" |
-        while IFS= read -r rule; do
-            chain=$(sed -n 's/.* -j \(CNI-DN-[0-9a-f]*\).*/\1/p' <<<"$rule")
-            eval "iptables -t nat ${rule/#-A /-D }"
-            [ -z "$chain" ] || { iptables -t nat -F "$chain"; iptables -t nat -X "$chain"; }
-        done
-    if [ -n "$SUBNET" ]; then
-        for m in /var/run/netns/*; do
-            [ -e "$m" ] || continue
-            ip -n "$(basename -- "$m")" -4 -o addr show 2>/dev/null | grep -qF " $SUBNET." || continue
-            log "removing the network namespace $m of a pod left behind"
-            umount -l "$m" && rm -f "$m"
-        done
-    fi
+    cni_leftovers "$NETNAME" "$SUBNET"
     [ -e "/sys/class/net/$BRIDGE" ] && ip link del "$BRIDGE"
     # Loop devices of the block volume cases.
     losetup -a 2>/dev/null | grep -F "$WORK/" | cut -d: -f1 | xargs -r -n1 losetup -d
@@ -293,38 +279,12 @@ ip link add "$BRIDGE" type bridge
 ip addr add "$NODE_IP/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 mkdir -p "$WORK/cni/net.d"
-cat >"$WORK/cni/net.d/10-kata-k8s.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "$NETNAME",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{ "subnet": "$POD_CIDR", "gateway": "$NODE_IP" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }],
-        "dataDir": "$WORK/cni/ipam"
-      }
-    },
-    { "type": "portmap", "capabilities": { "portMappings": true } }
-  ]
-}
-EOF
+cni_conflist "$WORK/cni/net.d/10-kata-k8s.conflist" "$NETNAME" "$BRIDGE" "$SUBNET"
 
 # ---- containerd with the CRI and our runtimes as the README tells users ----
 t0=$SECONDS
 kata_config=$WORK/configuration.toml
-{
-    echo '[hypervisor.qemu]'
-    echo "kernel = \"$KATA_KERNEL\""
-    echo "initrd = \"$KATA_INITRD\""
-    echo "vsock_backend = \"$KATA_SHIM_DIR/kata-vsock\""
-} >"$kata_config"
+kata_test_config "$kata_config"
 cfgver=$(containerd_config_version containerd)
 [ "$cfgver" -ge 3 ] || die "the suite runs on containerd 2.x; $CONTAINERD_BIN has $(containerd --version)"
 kata_snippet "$cfgver" "$kata_config" >"$WORK/kata-runtimes.toml"
