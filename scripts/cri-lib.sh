@@ -10,6 +10,25 @@
 
 cri_lib_dir=$(dirname -- "$(realpath -- "${BASH_SOURCE[0]}")")
 
+# Dies unless run as root with what the make target sets (KATA_KERNEL, KATA_INITRD,
+# KATA_SHIM_DIR, KATA_IMAGE, KATA_PAUSE_IMAGE) and a containerd in CONTAINERD_BIN.
+check_node_inputs() { # MAKE_TARGET CONTAINERD_BIN
+    local v c
+    [ "$(id -u)" = 0 ] || die "must run as root"
+    for v in KATA_KERNEL KATA_INITRD KATA_SHIM_DIR KATA_IMAGE KATA_PAUSE_IMAGE; do
+        [ -n "${!v:-}" ] || die "$v is not set (run it through 'make $1')"
+    done
+    [ -f "$KATA_KERNEL" ] || die "KATA_KERNEL: $KATA_KERNEL not found"
+    [ -f "$KATA_INITRD" ] || die "KATA_INITRD: $KATA_INITRD not found"
+    [ -x "$KATA_SHIM_DIR/containerd-shim-kata-v2" ] || die "no containerd-shim-kata-v2 in $KATA_SHIM_DIR"
+    [ -x "$KATA_SHIM_DIR/kata-vsock" ] || die "no kata-vsock in $KATA_SHIM_DIR"
+    [ -f "$KATA_IMAGE" ] || die "KATA_IMAGE: $KATA_IMAGE not found (make image)"
+    [ -f "$KATA_PAUSE_IMAGE" ] || die "KATA_PAUSE_IMAGE: $KATA_PAUSE_IMAGE not found (make image)"
+    for c in containerd ctr containerd-shim-runc-v2; do
+        [ -x "$2/$c" ] || die "no $c in $2 (make containerd-versions)"
+    done
+}
+
 # Unpacks Debian package NAME (VERSION, or the candidate) into $CRI_LIB_CACHE/deb-NAME;
 # prints the dir. docker-registry's package would start a system service listening on
 # every address, and the dynamically linked busybox conflicts with busybox-static, which

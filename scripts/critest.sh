@@ -72,19 +72,10 @@ SKIP_SPECS=(
     'public image with digest should be pulled and removed'
 )
 
-[ "$(id -u)" = 0 ] || die "must run as root"
-for v in KATA_KERNEL KATA_INITRD KATA_SHIM_DIR KATA_IMAGE KATA_PAUSE_IMAGE; do
-    [ -n "${!v:-}" ] || die "$v is not set (run it through 'make critest')"
-done
-[ -f "$KATA_KERNEL" ] || die "KATA_KERNEL: $KATA_KERNEL not found"
-[ -f "$KATA_INITRD" ] || die "KATA_INITRD: $KATA_INITRD not found"
-[ -x "$KATA_SHIM_DIR/containerd-shim-kata-v2" ] || die "no containerd-shim-kata-v2 in $KATA_SHIM_DIR"
-[ -x "$KATA_SHIM_DIR/kata-vsock" ] || die "no kata-vsock in $KATA_SHIM_DIR"
-[ -f "$KATA_IMAGE" ] || die "KATA_IMAGE: $KATA_IMAGE not found (make image)"
-[ -f "$KATA_PAUSE_IMAGE" ] || die "KATA_PAUSE_IMAGE: $KATA_PAUSE_IMAGE not found (make image)"
-for c in containerd ctr containerd-shim-runc-v2; do
-    [ -x "$CONTAINERD_BIN/$c" ] || die "no $c in $CONTAINERD_BIN (make containerd-versions)"
-done
+# shellcheck source=cri-lib.sh
+CRI_LIB_CACHE=$CACHE
+. "$here/cri-lib.sh"
+check_node_inputs critest "$CONTAINERD_BIN"
 [ -f "$EXPECTED" ] || die "the allow-list $EXPECTED is missing"
 for tool in jq curl ip ss dpkg-deb apt-get flock; do
     command -v "$tool" >/dev/null || die "'$tool' not found in PATH (scripts/setup-host.sh installs it)"
@@ -94,9 +85,6 @@ mkdir -p -- "$CACHE" "$LOG_DIR"
 
 # shellcheck source=find-go.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/find-go.sh"
-# shellcheck source=cri-lib.sh
-CRI_LIB_CACHE=$CACHE
-. "$here/cri-lib.sh"
 
 # ---- critest, crictl (and ginkgo for --parallel) from the Go module proxy, cached ----
 TOOLS=$CACHE/$CRITEST_VERSION

@@ -55,17 +55,10 @@ LOG_DIR=${K8S_LOG_DIR:-/var/tmp/kata-k8s}
 EXPECTED=${K8S_EXPECTED_FAILURES:-$repo/tests/k8s-kata-expected-failures.txt}
 NODE=kata-node
 
-[ "$(id -u)" = 0 ] || die "must run as root"
-for v in KATA_KERNEL KATA_INITRD KATA_SHIM_DIR KATA_IMAGE KATA_PAUSE_IMAGE; do
-    [ -n "${!v:-}" ] || die "$v is not set (run it through 'make k8s')"
-done
-[ -f "$KATA_KERNEL" ] || die "KATA_KERNEL: $KATA_KERNEL not found"
-[ -f "$KATA_INITRD" ] || die "KATA_INITRD: $KATA_INITRD not found"
-[ -x "$KATA_SHIM_DIR/containerd-shim-kata-v2" ] || die "no containerd-shim-kata-v2 in $KATA_SHIM_DIR"
-[ -x "$KATA_SHIM_DIR/kata-vsock" ] || die "no kata-vsock in $KATA_SHIM_DIR"
-for c in containerd ctr containerd-shim-runc-v2; do
-    [ -x "$CONTAINERD_BIN/$c" ] || die "no $c in $CONTAINERD_BIN (make containerd-versions)"
-done
+CRI_LIB_CACHE=/var/cache/kata-critest
+# shellcheck source=cri-lib.sh
+. "$here/cri-lib.sh"
+check_node_inputs k8s "$CONTAINERD_BIN"
 [ -f "$EXPECTED" ] || die "the allow-list $EXPECTED is missing"
 for tool in jq curl ip ss openssl iptables losetup script flock; do
     command -v "$tool" >/dev/null || die "'$tool' not found in PATH (scripts/setup-host.sh installs it)"
@@ -99,10 +92,6 @@ SBS_BEFORE=$(ls /run/vc/sbs 2>/dev/null | sort || true)
 NETNS_BEFORE=$(ls /var/run/netns 2>/dev/null | sort || true)
 KUBE_CHAINS_BEFORE=
 running=()  # the cases running (tests/k8s/cases.sh)
-
-CRI_LIB_CACHE=/var/cache/kata-critest
-# shellcheck source=cri-lib.sh
-. "$here/cri-lib.sh"
 
 export KUBECONFIG=$WORK/admin.kubeconfig
 k() { kubectl --request-timeout=60s "$@"; }
