@@ -60,7 +60,7 @@ CRI_LIB_CACHE=/var/cache/kata-critest
 . "$here/cri-lib.sh"
 check_node_inputs k8s "$CONTAINERD_BIN"
 [ -f "$EXPECTED" ] || die "the allow-list $EXPECTED is missing"
-for tool in jq curl ip ss openssl iptables losetup script flock; do
+for tool in jq curl ip ss openssl iptables losetup flock "${CC:-gcc}"; do
     command -v "$tool" >/dev/null || die "'$tool' not found in PATH (scripts/setup-host.sh installs it)"
 done
 
@@ -102,6 +102,28 @@ crictl_() { [ -n "$CRICTL" ] || return 1; "$CRICTL" --runtime-endpoint "unix://$
 # The node's processes: each started in a session of its own, its pid in $WORK/pids/NAME
 # (a file, so that a case restarting kubelet or containerd in a subshell records the new
 # pid where the clean-up finds it), its log $LOG_DIR/NAME.log.
+# PID and every process below it (by parent pid), parents first.
+tree_of() { # PID
+    local c
+    echo "$1"
+    for c in $(pgrep -P "$1" 2>/dev/null); do tree_of "$c"; done
+}
+# Ends each PID and its descendants (a kubectl, a k8s-pty and its session): SIGTERM, then
+# SIGKILL 5 s later to those still there.
+kill_tree() { # PID...
+    local pids=() p alive
+    for p in "$@"; do mapfile -t -O "${#pids[@]}" pids < <(tree_of "$p"); done
+    [ ${#pids[@]} -gt 0 ] || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null
+    for _ in $(seq 50); do
+        alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ $alive = 1 ] || return 0
+        sleep 0.1
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null
+    return 0
+}
 pid_of() { cat "$WORK/pids/$1" 2>/dev/null || true; }
 start_proc() { # NAME CMD...
     local name=$1
@@ -130,12 +152,10 @@ cleanup() {
     trap - EXIT INT TERM
     set +e
     log "cleaning up"
-    # Cases still running (an interrupted run), with their kubectl children.
+    # Cases still running (an interrupted run), with everything they started.
     local p
-    for p in "${running[@]}"; do
-        pkill -TERM -P "$p" 2>/dev/null
-        kill -TERM "$p" 2>/dev/null
-    done
+    # shellcheck disable=SC2046
+    kill_tree "${running[@]}" $(cat "$WORK"/case-pids/* 2>/dev/null)
     if [ -n "$(pid_of kube-apiserver)" ] && [ -n "$(pid_of kubelet)" ]; then
         # As a user would: namespaces deleted, kubelet stops and removes their pods.
         for ns in $(k get ns -o name 2>/dev/null | sed -n 's#^namespace/\(t-.*\)#\1#p'); do
@@ -185,7 +205,7 @@ cleanup() {
     find /sys/fs/cgroup/*/"$CGROUP_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null
     [ "$KUBELET_VAR_CREATED" = 1 ] && rm -rf --one-file-system /var/lib/kubelet
     rm -rf --one-file-system "$WORK"
-    leftovers
+    leftovers || [ "$status" != 0 ] || status=1
     exit "$status"
 }
 
@@ -224,7 +244,9 @@ leftovers() {
     grep -F "$WORK" /proc/self/mountinfo >/dev/null && left+=("mounts under $WORK")
     [ "$(ls /run/vc/sbs 2>/dev/null | sort)" = "$SBS_BEFORE" ] || left+=("/run/vc/sbs: $(ls /run/vc/sbs | tr '\n' ' ')")
     [ "$(ls /var/run/netns 2>/dev/null | sort)" = "$NETNS_BEFORE" ] || left+=("network namespaces: $(ls /var/run/netns | tr '\n' ' ')")
-    [ "$(kube_chains)" = "$KUBE_CHAINS_BEFORE" ] || left+=("iptables chains: $(kube_chains | tr '\n' ' ')")
+    local chains
+    chains=$(kube_chains | grep -vxF -f <(printf '%s\n' "$KUBE_CHAINS_BEFORE") || true)
+    [ -z "$chains" ] || left+=("iptables chains: $(tr '\n' ' ' <<<"$chains")")
     ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("the bridge $BRIDGE")
     if [ ${#left[@]} -gt 0 ]; then
         echo "$prog: LEFT BEHIND:" >&2
@@ -237,6 +259,8 @@ KUBE_CHAINS_BEFORE=$(kube_chains)
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# The exec -it case's terminal (scripts/k8s-pty.c).
+"${CC:-gcc}" -O2 -Wall -Wextra -Werror -o "$WORK/k8s-pty" "$here/k8s-pty.c" || die "compiling k8s-pty.c failed"
 
 # ---- images and registry ----
 t0=$SECONDS
