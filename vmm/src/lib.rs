@@ -2,7 +2,8 @@
 //! path. It is its own crate so the shim, which only spawns these binaries, stays lean.
 //!
 //! kata-vmm, read in this order: [`config`] (vmm.json, the type shared with the hypervisor
-//! crate through `vmm-contract`) → [`builder`] (assembles and runs a VM) → [`vstate`] (memory, VM, vCPUs) →
+//! crate through `vmm-contract`) → [`builder`] (assembles a VM, step by step) → [`run`]
+//! (confines its threads and runs it; both report [`error::VmmError`]) → [`vstate`] (memory, VM, vCPUs) →
 //! [`arch`] (layout, boot protocol, registers, CPUID) → [`devices`] (the buses; legacy
 //! serial and i8042; virtio: the mmio transport, rng, vsock glue, virtio-fs through
 //! vhost-user, block, net on a tap).
@@ -16,7 +17,9 @@ pub mod check;
 /// hypervisor crate's builtin backend, which writes it (both use `vmm-contract`).
 pub use vmm_contract::vmm_json as config;
 pub mod devices;
+pub mod error;
 pub mod logger;
+pub mod run;
 pub mod seccomp;
 pub mod signals;
 pub mod vstate;

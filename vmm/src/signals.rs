@@ -6,11 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::builder::BuildError;
-
-fn os_err(what: &'static str) -> impl FnOnce(std::io::Error) -> BuildError {
-    move |source| BuildError::Os { what, source }
-}
+use crate::error::{os_err, VmmError};
 
 /// What woke the main thread.
 pub enum Wake {
@@ -29,7 +25,7 @@ pub struct StopSignals {
 
 impl StopSignals {
     /// Blocks the stop signals in the calling thread (and the threads it starts later).
-    pub fn block() -> Result<Self, BuildError> {
+    pub fn block() -> Result<Self, VmmError> {
         // SAFETY: the sigset is initialised by sigemptyset before use; the masks and the
         // signalfd are set up with checked return values.
         unsafe {
@@ -52,7 +48,7 @@ impl StopSignals {
     }
 
     /// Waits up to `timeout_ms` for `exit` or a stop signal.
-    pub fn wait(&self, exit: &EventFd, timeout_ms: i32) -> Result<Wake, BuildError> {
+    pub fn wait(&self, exit: &EventFd, timeout_ms: i32) -> Result<Wake, VmmError> {
         let mut fds = [
             libc::pollfd {
                 fd: exit.as_raw_fd(),
