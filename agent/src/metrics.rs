@@ -2,7 +2,7 @@
 //! `kata_guest_*` families, and ours in the same style), gathered only when asked.
 //!
 //! The shim adds them to its own `/metrics`; it trusts nothing here (it keeps only
-//! well-formed gauges and counters of these families, see `protocols::metrics`). Only the
+//! well-formed gauges and counters of these families, see the shim's `metrics` and `promtext::parse_filtered`). Only the
 //! host can ask: the agent's API serves the host's CID alone (`host_only`).
 
 use std::os::unix::fs::MetadataExt;
@@ -10,8 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use procinfo::{ProcessFigures, AGENT_IO_ITEMS, USER_HZ};
+use promtext::Exposition;
 use protocols::agent::StatsContainerResponse;
-use protocols::metrics::{self, Exposition, ProcessFigures, AGENT_IO_ITEMS};
 
 /// How long the shared file systems may take to answer statvfs (a virtiofsd that hangs
 /// must not hold the answer).
@@ -78,13 +79,13 @@ fn write_agent(out: &mut Exposition, p: &ProcFiles) {
     let Some(me) = &p.me else {
         return;
     };
-    let boot = metrics::parse_boot_time(&p.stat);
+    let boot = procinfo::parse_boot_time(&p.stat);
     me.write(out, "kata_agent", "agent", &AGENT_IO_ITEMS, boot);
     out.gauge(
         "kata_agent_total_time",
         "Agent process total time",
         &[],
-        (me.utime + me.stime) as f64 / metrics::USER_HZ,
+        (me.utime + me.stime) as f64 / USER_HZ,
     );
     let status = |item: &str| {
         me.status
@@ -143,7 +144,7 @@ fn write_guest(out: &mut Exposition, p: &ProcFiles) {
                 "kata_guest_cpu_time",
                 "Guest CPU statistics (milliseconds).",
                 &[("cpu", &cpu), ("item", item)],
-                ticks as f64 * 1000.0 / metrics::USER_HZ,
+                ticks as f64 * 1000.0 / USER_HZ,
             );
         }
     }
@@ -159,7 +160,7 @@ fn write_guest(out: &mut Exposition, p: &ProcFiles) {
             }
         }
     }
-    metrics::write_net_dev(
+    procinfo::write_net_dev(
         out,
         "kata_guest_netdev_stat",
         "Guest net devices statistics.",
@@ -582,12 +583,12 @@ mod tests {
     #[tokio::test]
     async fn the_answer_is_what_the_shim_accepts() {
         let text = gather(Vec::new()).await;
-        let parsed = metrics::parse_guest(
-            &text,
-            &["kata_guest_", "kata_agent_"],
-            &["sandbox_id"],
-            metrics::GuestLimits::default(),
-        );
+        let filter = promtext::Filter {
+            prefixes: &["kata_guest_", "kata_agent_"],
+            reserved_labels: &["sandbox_id"],
+            default_help: "Reported by the guest.",
+        };
+        let parsed = promtext::parse_filtered(&text, &filter, &promtext::Limits::GUEST);
         assert_eq!(parsed.dropped, 0, "{text}");
         let e = parsed.exposition;
         assert!(

@@ -7,7 +7,6 @@
 
 mod args;
 mod cri;
-mod expo;
 mod log;
 mod monitor;
 mod server;

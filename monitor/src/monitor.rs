@@ -13,7 +13,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 
 use crate::cri::{Cri, PodMeta};
-use crate::expo::{self, Families, Family, Sample};
+use promtext::{Exposition, Kind, Limits, Sample};
+
 use crate::log::{debug, warning};
 
 /// The shim's metrics socket in its sandbox directory (where Kata's monitor looks).
@@ -119,27 +120,24 @@ async fn fetch(socket: &Path) -> Result<String, Failure> {
 }
 
 /// One shim's families, parsed and labelled, or why not.
-async fn scrape_shim(socket: PathBuf, deadline: Duration) -> Result<Families, Failure> {
+async fn scrape_shim(socket: PathBuf, deadline: Duration) -> Result<Exposition, Failure> {
     let text = tokio::time::timeout(deadline, fetch(&socket))
         .await
         .map_err(|_| Failure::Timeout(deadline))??;
-    let parsed = expo::parse(&text).map_err(|e| Failure::Parse(e.to_string()))?;
+    let mut parsed =
+        promtext::parse(&text, &Limits::GENEROUS).map_err(|e| Failure::Parse(e.to_string()))?;
     // A shim written with Prometheus' Go client exposes go_* and process_*: Kata's monitor
     // names them kata_shim_*, and so does this one.
-    Ok(parsed
-        .into_iter()
-        .map(|(name, mut family)| {
-            if name.starts_with("go_") || name.starts_with("process_") {
-                let renamed = format!("kata_shim_{name}");
-                for s in &mut family.samples {
-                    s.name = format!("kata_shim_{}", s.name);
-                }
-                (renamed, family)
-            } else {
-                (name, family)
-            }
-        })
-        .collect())
+    let go_client: Vec<String> = parsed
+        .families()
+        .iter()
+        .map(|f| f.name.clone())
+        .filter(|n| n.starts_with("go_") || n.starts_with("process_"))
+        .collect();
+    for name in go_client {
+        parsed.prefix_family(&name, "kata_shim_");
+    }
+    Ok(parsed)
 }
 
 #[derive(Default)]
@@ -160,23 +158,8 @@ pub struct Monitor {
     stats: Mutex<Stats>,
 }
 
-fn sample(name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) -> Sample {
-    Sample {
-        name: name.to_string(),
-        labels: labels
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect(),
-        value: value.to_string(),
-    }
-}
-
-fn family(help: &str, kind: &str, samples: Vec<Sample>) -> Family {
-    Family {
-        help: Some(help.to_string()),
-        kind: Some(kind.to_string()),
-        samples,
-    }
+fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
+    Sample::new(name, labels, value)
 }
 
 fn pod_labels<'a>(id: &'a str, meta: &'a PodMeta) -> [(&'static str, &'a str); 4] {
@@ -239,7 +222,7 @@ impl Monitor {
             });
         }
         let collect = async {
-            let mut results: Vec<Option<(Result<Families, Failure>, Duration)>> =
+            let mut results: Vec<Option<(Result<Exposition, Failure>, Duration)>> =
                 (0..ids.len()).map(|_| None).collect();
             while let Some(joined) = shims.join_next().await {
                 if let Ok((i, result, took)) = joined {
@@ -252,7 +235,7 @@ impl Monitor {
         };
         let (metadata, results) = tokio::join!(self.cri.metadata(&ids), collect);
 
-        let mut all = Families::new();
+        let mut all = Exposition::new();
         let mut up = Vec::new();
         let mut took = Vec::new();
         let mut failures: Vec<&'static str> = Vec::new();
@@ -275,19 +258,19 @@ impl Monitor {
             ));
             match result {
                 Ok(mut families) => {
-                    expo::add_labels(&mut families, &labels);
-                    for c in expo::merge(&mut all, families) {
+                    families.add_labels(&labels);
+                    for c in all.merge(families) {
                         warning!(
                             "sandbox {id}: family {} is a {} here but a {} in other shims: left out",
                             c.family, c.dropped, c.kept
                         );
                     }
-                    up.push(sample("kata_monitor_shim_up", &labels, 1));
+                    up.push(sample("kata_monitor_shim_up", &labels, 1.0));
                 }
                 Err(e) => {
                     warning!("sandbox {id}: scraping its shim failed: {e}");
                     failures.push(e.reason());
-                    up.push(sample("kata_monitor_shim_up", &labels, 0));
+                    up.push(sample("kata_monitor_shim_up", &labels, 0.0));
                 }
             }
         }
@@ -299,16 +282,17 @@ impl Monitor {
         );
 
         let own = self.own_families(ids.len(), &failures, start.elapsed(), up, took);
-        for c in expo::merge(&mut all, own) {
+        for c in all.merge(own) {
             warning!(
                 "a shim's family {} collides with the monitor's own",
                 c.family
             );
         }
         if !prefixes.is_empty() {
-            all.retain(|name, _| prefixes.iter().any(|p| name.starts_with(p.as_str())));
+            all.retain(|f| prefixes.iter().any(|p| f.name.starts_with(p.as_str())));
         }
-        expo::render(&all)
+        all.sort_by_name();
+        all.render()
     }
 
     fn own_families(
@@ -318,7 +302,7 @@ impl Monitor {
         elapsed: Duration,
         up: Vec<Sample>,
         took: Vec<Sample>,
-    ) -> Families {
+    ) -> Exposition {
         let mut stats = match self.stats.lock() {
             Ok(s) => s,
             Err(poisoned) => poisoned.into_inner(),
@@ -339,127 +323,101 @@ impl Monitor {
         stats.duration_sum_ms += ms;
         stats.durations += 1;
 
-        let mut f = Families::new();
-        let mut add = |name: &str, fam: Family| {
-            f.insert(name.to_string(), fam);
-        };
-        let gauge = |name: &str, help: &str, v: f64| {
-            (
-                name.to_string(),
-                family(help, "gauge", vec![sample(name, &[], v)]),
-            )
-        };
-        let counter = |name: &str, help: &str, v: u64| {
-            (
-                name.to_string(),
-                family(help, "counter", vec![sample(name, &[], v)]),
-            )
-        };
-        let (n, fam) = gauge(
+        let mut f = Exposition::new();
+        f.gauge(
             "kata_monitor_running_shim_count",
             "Running shim count (running sandboxes).",
+            &[],
             running as f64,
         );
-        add(&n, fam);
-        let (n, fam) = counter("kata_monitor_scrape_count", "Scrape count.", stats.scrapes);
-        add(&n, fam);
-        let (n, fam) = counter(
+        f.counter(
+            "kata_monitor_scrape_count",
+            "Scrape count.",
+            &[],
+            stats.scrapes as f64,
+        );
+        f.counter(
             "kata_monitor_scrape_failed_count",
             "Failed scrape count: scrapes in which at least one shim did not answer.",
-            stats.failed_scrapes,
+            &[],
+            stats.failed_scrapes as f64,
         );
-        add(&n, fam);
+        // The buckets are cumulative already (each counts the scrapes at most its bound).
         let hist = "kata_monitor_scrape_durations_histogram_milliseconds";
+        let bucket = format!("{hist}_bucket");
         let mut samples = Vec::new();
         for (i, le) in BUCKETS_MS.iter().enumerate() {
-            let le = le.to_string();
-            samples.push(sample(
-                &format!("{hist}_bucket"),
-                &[("le", &le)],
-                stats.buckets[i],
-            ));
+            let le = promtext::format_value(*le);
+            samples.push(sample(&bucket, &[("le", &le)], stats.buckets[i] as f64));
         }
-        samples.push(sample(
-            &format!("{hist}_bucket"),
-            &[("le", "+Inf")],
-            stats.durations,
-        ));
+        samples.push(sample(&bucket, &[("le", "+Inf")], stats.durations as f64));
         samples.push(sample(&format!("{hist}_sum"), &[], stats.duration_sum_ms));
-        samples.push(sample(&format!("{hist}_count"), &[], stats.durations));
-        add(
+        samples.push(sample(
+            &format!("{hist}_count"),
+            &[],
+            stats.durations as f64,
+        ));
+        f.family_mut(
             hist,
-            family("Time used to scrape from shims", "histogram", samples),
-        );
-        let reasons = ["connect", "timeout", "http", "parse"];
-        let samples = reasons
-            .iter()
-            .map(|r| {
-                let v = stats.shim_failures.get(r).copied().unwrap_or(0);
-                sample("kata_monitor_shim_scrape_failed_count", &[("reason", r)], v)
-            })
-            .collect();
-        add(
-            "kata_monitor_shim_scrape_failed_count",
-            family(
+            Some("Time used to scrape from shims"),
+            Some(Kind::Histogram),
+        )
+        .samples
+        .extend(samples);
+        for r in ["connect", "timeout", "http", "parse"] {
+            f.counter(
+                "kata_monitor_shim_scrape_failed_count",
                 "Shim scrapes that failed, by reason: connect (the socket takes no connection), \
                  timeout (no answer within the shim deadline), http, parse.",
-                "counter",
-                samples,
-            ),
-        );
-        add(
+                &[("reason", r)],
+                stats.shim_failures.get(r).copied().unwrap_or(0) as f64,
+            );
+        }
+        f.family_mut(
             "kata_monitor_shim_up",
-            family(
-                "Whether the last scrape of the sandbox's shim succeeded (1) or not (0).",
-                "gauge",
-                up,
-            ),
-        );
-        add(
+            Some("Whether the last scrape of the sandbox's shim succeeded (1) or not (0)."),
+            Some(Kind::Gauge),
+        )
+        .samples
+        .extend(up);
+        f.family_mut(
             "kata_monitor_shim_scrape_duration_seconds",
-            family(
-                "How long the last scrape of the sandbox's shim took.",
-                "gauge",
-                took,
-            ),
-        );
-        let (n, fam) = counter(
+            Some("How long the last scrape of the sandbox's shim took."),
+            Some(Kind::Gauge),
+        )
+        .samples
+        .extend(took);
+        f.counter(
             "kata_monitor_cri_list_count",
             "ListPodSandbox calls made to the runtime endpoint for the pods' names.",
-            self.cri.calls.load(std::sync::atomic::Ordering::Relaxed),
+            &[],
+            self.cri.calls.load(std::sync::atomic::Ordering::Relaxed) as f64,
         );
-        add(&n, fam);
-        let (n, fam) = counter(
+        f.counter(
             "kata_monitor_cri_list_failed_count",
             "ListPodSandbox calls that failed or did not answer in time.",
-            self.cri.failures.load(std::sync::atomic::Ordering::Relaxed),
+            &[],
+            self.cri.failures.load(std::sync::atomic::Ordering::Relaxed) as f64,
         );
-        add(&n, fam);
         if let Some((cpu, rss, fds)) = own_process() {
-            let (n, fam) = gauge(
+            f.counter(
                 "kata_monitor_process_cpu_seconds_total",
                 "Total user and system CPU time of the monitor in seconds.",
+                &[],
                 cpu,
             );
-            add(
-                &n,
-                Family {
-                    kind: Some("counter".into()),
-                    ..fam
-                },
-            );
-            let (n, fam) = gauge(
+            f.gauge(
                 "kata_monitor_process_resident_memory_bytes",
                 "Resident memory size of the monitor in bytes.",
+                &[],
                 rss as f64,
             );
-            add(&n, fam);
-            let (n, fam) = gauge(
+            f.gauge(
                 "kata_monitor_process_open_fds",
                 "Number of open file descriptors of the monitor.",
+                &[],
                 fds as f64,
             );
-            add(&n, fam);
         }
         f
     }

@@ -17,7 +17,6 @@ pub mod agent_ttrpc {
 
 pub mod hybrid_vsock;
 pub mod id;
-pub mod metrics;
 pub mod stdio;
 
 /// containerd's runtime options message (`runtimeoptions.v1.Options`), which carries the

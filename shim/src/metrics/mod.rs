@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use protocols::metrics::{self as text, Exposition, ProcessFigures, HOST_IO_ITEMS};
+use procinfo::{ProcessFigures, HOST_IO_ITEMS};
+use promtext::{Exposition, Filter, Limits};
 
 use crate::sandbox::Sandbox;
 
@@ -305,10 +306,13 @@ impl Registry {
 pub const GUEST_SCRAPE_BOUND: Duration = Duration::from_secs(5);
 /// The most of the guest's text read.
 const GUEST_TEXT_MAX: usize = 4 << 20;
-/// Families the guest may report.
-const GUEST_PREFIXES: [&str; 2] = ["kata_guest_", "kata_agent_"];
-/// Labels the monitor adds, which the guest must not forge.
-const RESERVED_LABELS: [&str; 4] = ["sandbox_id", "cri_uid", "cri_name", "cri_namespace"];
+/// What the shim keeps of the guest's text: the families the guest may report, without the
+/// labels the monitor adds (which the guest must not forge).
+const GUEST_FILTER: Filter<'static> = Filter {
+    prefixes: &["kata_guest_", "kata_agent_"],
+    reserved_labels: &["sandbox_id", "cri_uid", "cri_name", "cri_namespace"],
+    default_help: "Reported by the guest.",
+};
 
 /// What a scrape needs of the sandbox, read under the Task service's lock.
 pub type SandboxSource = Arc<dyn Fn() -> Option<Arc<Sandbox>> + Send + Sync>;
@@ -337,12 +341,12 @@ fn host_figures(vmm: Option<i32>, helpers: &[i32]) -> Exposition {
     let mut out = Exposition::new();
     let boot = std::fs::read_to_string("/proc/stat")
         .ok()
-        .and_then(|t| text::parse_boot_time(&t));
+        .and_then(|t| procinfo::parse_boot_time(&t));
     if let Some(me) = ProcessFigures::read(None) {
         me.write(&mut out, "kata_shim", "shim", &HOST_IO_ITEMS, boot);
     }
     if let Ok(t) = std::fs::read_to_string("/proc/self/net/dev") {
-        text::write_net_dev(
+        procinfo::write_net_dev(
             &mut out,
             "kata_shim_netdev",
             "Kata containerd shim v2 network devices statistics.",
@@ -360,7 +364,7 @@ fn host_figures(vmm: Option<i32>, helpers: &[i32]) -> Exposition {
             );
         }
         if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/net/dev")) {
-            text::write_net_dev(
+            procinfo::write_net_dev(
                 &mut out,
                 "kata_hypervisor_netdev",
                 "Net devices statistics of the VMM's network namespace.",
@@ -417,13 +421,8 @@ pub async fn scrape(source: &SandboxSource) -> String {
     let mut out = host.unwrap_or_default();
     METRICS.write(&mut out);
     if let Some(t) = guest {
-        let parsed = text::parse_guest(
-            &t,
-            &GUEST_PREFIXES,
-            &RESERVED_LABELS,
-            text::GuestLimits::default(),
-        );
-        out.merge(parsed.exposition);
+        let parsed = promtext::parse_filtered(&t, &GUEST_FILTER, &Limits::GUEST);
+        out.add_new_families(parsed.exposition);
     }
     out.render()
 }

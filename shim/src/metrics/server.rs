@@ -173,7 +173,7 @@ async fn handle(conn: &mut UnixStream, source: &SandboxSource) -> std::io::Resul
         Some(head) => match parse_request(&head) {
             Request::Metrics { head_only } => {
                 let body = super::scrape(source).await;
-                let mut r = response(200, protocols::metrics::CONTENT_TYPE, body.as_bytes());
+                let mut r = response(200, promtext::CONTENT_TYPE, body.as_bytes());
                 if head_only {
                     r.truncate(r.len() - body.len());
                 }
