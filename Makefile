@@ -85,8 +85,9 @@ image:
 
 guest: kernel initrd initrd-bench
 
-# Installs the runtime where containerd and the default configuration expect it.
-install: build guest install-vsock
+# Installs the runtime where containerd and the default configuration expect it (the kernel
+# and the initrds it boots; not the bench's initrd, which only `make bench` uses).
+install: build kernel initrd install-vsock
 	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
 	install -D -m 0755 $(VMM_BIN) $(PREFIX)/bin/kata-vmm
 	install -D -m 0644 "$$(bash guest/build-kernel.sh)" $(SHARE_DIR)/vmlinux

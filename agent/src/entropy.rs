@@ -7,7 +7,7 @@
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Where the bytes go.
 pub const RANDOM_DEVICE: &str = "/dev/urandom";
@@ -19,32 +19,53 @@ pub const MAX_BYTES: usize = 4096;
 const RNDADDENTROPY: libc::c_ulong =
     nix::request_code_write!(b'R', 0x03, 2 * std::mem::size_of::<libc::c_int>()) as libc::c_ulong;
 
+/// Why the host's bytes could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum EntropyError {
+    /// The request carried more than the agent takes (the host's mistake).
+    #[error("{0} bytes of entropy is more than the {MAX_BYTES} the agent takes")]
+    TooMany(usize),
+    /// The device could not be opened.
+    #[error("open {}: {source}", device.display())]
+    Open {
+        device: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel refused the bytes.
+    #[error("add entropy through {} (RNDADDENTROPY): {source}", device.display())]
+    Refused {
+        device: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Adds `bytes` to the kernel's entropy pool through `device`, crediting 8 bits per
 /// byte. Empty: nothing to do.
-pub fn add(device: &Path, bytes: &[u8]) -> Result<(), String> {
+pub fn add(device: &Path, bytes: &[u8]) -> Result<(), EntropyError> {
     if bytes.is_empty() {
         return Ok(());
     }
     if bytes.len() > MAX_BYTES {
-        return Err(format!(
-            "{} bytes of entropy is more than the {MAX_BYTES} the agent takes",
-            bytes.len()
-        ));
+        return Err(EntropyError::TooMany(bytes.len()));
     }
     let info = pool_info(bytes);
     let dev = OpenOptions::new()
         .write(true)
         .open(device)
-        .map_err(|e| format!("open {}: {e}", device.display()))?;
+        .map_err(|source| EntropyError::Open {
+            device: device.to_path_buf(),
+            source,
+        })?;
     // SAFETY: RNDADDENTROPY reads a `struct rand_pool_info` whose header says how many
     // bytes follow; `info` holds the header and exactly that many bytes, 4-aligned, and
     // lives across the call.
     if unsafe { libc::ioctl(dev.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } < 0 {
-        return Err(format!(
-            "add entropy through {} (RNDADDENTROPY): {}",
-            device.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(EntropyError::Refused {
+            device: device.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
@@ -80,14 +101,15 @@ mod tests {
     #[test]
     fn too_many_bytes_are_refused_and_none_is_a_no_op() {
         let e = add(Path::new("/nonexistent"), &[0; MAX_BYTES + 1]).unwrap_err();
-        assert!(e.contains("more than the 4096"), "{e}");
+        assert!(matches!(e, EntropyError::TooMany(4097)), "{e}");
+        assert!(e.to_string().contains("more than the 4096"), "{e}");
         add(Path::new("/nonexistent"), &[]).expect("nothing to add");
     }
 
     #[test]
     fn a_device_that_is_not_random_is_an_error_naming_it() {
         let e = add(Path::new("/dev/null"), &[7; 64]).unwrap_err();
-        assert!(e.contains("/dev/null (RNDADDENTROPY)"), "{e}");
+        assert!(e.to_string().contains("/dev/null (RNDADDENTROPY)"), "{e}");
     }
 
     #[test]

@@ -113,7 +113,12 @@ impl Sandbox {
             std::path::Path::new(crate::entropy::RANDOM_DEVICE),
             &req.entropy,
         )
-        .map_err(|e| AgentError::Internal(format!("reseed the guest's RNG: {e}")))?;
+        .map_err(|e| match e {
+            crate::entropy::EntropyError::TooMany(_) => {
+                AgentError::InvalidArgument(format!("reseed the guest's RNG: {e}"))
+            }
+            _ => AgentError::Internal(format!("reseed the guest's RNG: {e}")),
+        })?;
         if !req.hostname.is_empty() {
             nix::unistd::sethostname(&req.hostname).map_err(|e| {
                 AgentError::InvalidArgument(format!(

@@ -15,7 +15,8 @@ use nix::mount::MsFlags;
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nix::unistd::{chown, Gid, Uid};
 
-use super::{log, mounts::do_mount, paths, StageError};
+use super::sys::do_mount;
+use super::{log, paths, StageError};
 use crate::spec::{Device, Spec};
 
 /// (name, major, minor): character devices every container gets, mode 0666, root-owned.

@@ -22,6 +22,7 @@ pub mod protocol;
 pub mod rlimits;
 mod seccomp;
 pub mod spawner;
+mod sys;
 pub mod sysctl;
 
 use std::fs::File;

@@ -9,9 +9,10 @@
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
+use super::sys::do_mount;
 use super::{devices, log, paths, sysctl, StageError};
 use crate::spec::{Mount, Spec};
 
@@ -198,23 +199,6 @@ fn readonly_path(path: &str) -> Result<(), StageError> {
     do_mount(Some(p), p, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)?;
     let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
     do_mount(None, p, None, flags, None)
-}
-
-pub(super) fn do_mount(
-    source: Option<&Path>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: MsFlags,
-    data: Option<&str>,
-) -> Result<(), StageError> {
-    mount(source, target, fstype, flags, data).map_err(|errno| StageError::Mount {
-        src: source.map(|s| s.display().to_string()).unwrap_or_default(),
-        target: target.to_path_buf(),
-        fstype: fstype.map(str::to_string),
-        flags,
-        data: data.map(str::to_string),
-        errno,
-    })
 }
 
 #[cfg(test)]
