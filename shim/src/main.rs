@@ -7,7 +7,6 @@
 mod agent;
 mod block;
 mod cgroup;
-mod command;
 mod container;
 mod events;
 mod factory;

@@ -15,6 +15,7 @@
 //! [`NetworkState`] (also after a crashed shim) and is idempotent.
 
 mod adopt;
+mod command;
 pub mod netns;
 pub mod port_forward;
 mod scan;

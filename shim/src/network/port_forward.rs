@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::{netns, NetworkError};
-use crate::command;
+use super::command;
 
 /// The nftables table the redirect lives in, in the pod's network namespace.
 const NFT_TABLE: &str = "kata_port_forward";

@@ -67,7 +67,7 @@ pub async fn run(
             Ok((child.id() as i32, stderr))
         };
         match netns {
-            Some(ns) => crate::network::netns::run_in(&ns, move || {
+            Some(ns) => super::netns::run_in(&ns, move || {
                 start().map_err(|e| crate::network::NetworkError::Thread(e.to_string()))
             })
             .map_err(std::io::Error::other),
