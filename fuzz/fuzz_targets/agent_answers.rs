@@ -1,5 +1,5 @@
 //! The shim's reading of what the guest sends it: the answer to the hybrid vsock
-//! `CONNECT` and the port forwarder's answer to a port (shim/src/agent/client.rs), the
+//! `CONNECT` and the port forwarder's answer to a port (agent-client/src/client.rs), the
 //! agent's stdio answer line (protocols::stdio), and the agent's ttrpc answers to every
 //! request kind the shim makes, decoded by the same generated client the shim uses.
 #![no_main]
@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use kata_fuzz::{agent, scratch_dir};
+use agent_client as agent;
+use kata_fuzz::scratch_dir;
 use libfuzzer_sys::fuzz_target;
 use protobuf::{EnumOrUnknown, Message, MessageField};
 use protocols::agent::*;

@@ -1,9 +1,6 @@
 //! What the fuzz targets share: guest memory and split virtqueues laid out in it the way a
-//! (possibly hostile) driver would, from fuzzer-chosen descriptors; and the shim's agent
-//! client, compiled in from the shim's own sources.
-//!
-//! The shim is a binary crate; its agent client (`shim/src/agent`) depends only on
-//! external crates, so it is compiled here from the same files (`#[path]`), not copied.
+//! (possibly hostile) driver would, from fuzzer-chosen descriptors. The shim's agent client
+//! is the `agent-client` crate, used as the shim uses it.
 
 use std::path::PathBuf;
 
@@ -11,11 +8,6 @@ use arbitrary::Arbitrary;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-/// The shim's agent client, built from the shim's own source files.
-#[allow(dead_code, unused_imports)]
-#[path = "../../shim/src/agent/mod.rs"]
-pub mod agent;
 
 /// Guest RAM of the targets: two regions with a hole between them, so that descriptors can
 /// name memory that is not RAM.

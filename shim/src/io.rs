@@ -27,7 +27,7 @@ use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::agent::Agent;
+use agent_client::Agent;
 
 /// The agent a relay talks to.
 type AgentRef = Arc<dyn Agent>;
@@ -632,7 +632,7 @@ mod tests {
     /// of file, or CloseIO while a writer still holds it, ends the process's stdin.
     #[tokio::test]
     async fn stdin_ends_at_end_of_file_or_close_io() {
-        use crate::agent::fake::FakeAgent;
+        use agent_client::fake::FakeAgent;
         let fake = Arc::new(FakeAgent::new());
         let agent: AgentRef = fake.clone();
         for (exec_id, close_io, settle) in [
@@ -689,7 +689,7 @@ mod tests {
     /// Once the VM is gone, relays end at once, though the guest never ended its streams.
     #[tokio::test]
     async fn relays_end_when_the_vm_is_gone() {
-        use crate::agent::fake::FakeAgent;
+        use agent_client::fake::FakeAgent;
         let fake = Arc::new(FakeAgent::new());
         let agent: AgentRef = fake.clone();
         let mut relays = Relays::start(&agent, "c", "", &StdioPaths::default(), &logger());

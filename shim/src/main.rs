@@ -4,7 +4,6 @@
 //! up after a dead daemon), or as the daemon that serves the Task API over ttrpc. `start`
 //! and `delete` are ours; the daemon runs on containerd's shim crate.
 
-mod agent;
 mod block;
 mod cgroup;
 mod container;
@@ -129,7 +128,7 @@ fn run_daemon() -> ExitCode {
         return ExitCode::FAILURE;
     };
     // Agent request latencies go to the sandbox's metrics.
-    agent::observe_requests(|op, took| metrics::METRICS.agent_request(op, took));
+    agent_client::observe_requests(|op, took| metrics::METRICS.agent_request(op, took));
     let config = containerd_shim::Config {
         // The shim logs with slog into the bundle's log fifo itself.
         no_setup_logger: true,

@@ -26,7 +26,6 @@ use slog::{debug, error, info, warn, Logger};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::agent::{Agent, AgentError, KataAgent};
 use crate::block;
 use crate::cgroup;
 use crate::container::{HostMounts, HostSetupError, RealHostMounts};
@@ -37,6 +36,7 @@ use crate::network::{self, PodNetwork, PodScan};
 use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
+use agent_client::{Agent, AgentError, KataAgent};
 
 /// Per-sandbox directory of the VMM's sockets and logs.
 pub const VM_RUN_ROOT: &str = "/run/vc/vm";

@@ -21,9 +21,9 @@ use hypervisor::{NetDevice, VmConfig};
 use slog::{error, info, o, warn, Drain, Logger};
 
 use super::pool::{self, Leftovers, PoolShare, PooledVm};
-use crate::agent::KataAgent;
 use crate::mount::SharedDirs;
 use crate::sandbox::VM_RUN_ROOT;
+use agent_client::KataAgent;
 
 const USAGE: &str = "\
 usage: containerd-shim-kata-v2 factory init [--config FILE]

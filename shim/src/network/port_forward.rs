@@ -20,8 +20,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use super::{netns, NetworkError};
 use super::command;
+use super::{netns, NetworkError};
 
 /// The nftables table the redirect lives in, in the pod's network namespace.
 const NFT_TABLE: &str = "kata_port_forward";
@@ -211,10 +211,10 @@ fn original_port(conn: &TcpStream) -> std::io::Result<u16> {
 async fn forward(mut conn: TcpStream, agent_socket: &Path) -> std::io::Result<()> {
     let port = original_port(&conn)?;
     let mut guest =
-        crate::agent::hybrid_vsock_connect(agent_socket, protocols::PORT_FORWARD_VSOCK_PORT)
+        agent_client::hybrid_vsock_connect(agent_socket, protocols::PORT_FORWARD_VSOCK_PORT)
             .await?;
     guest.write_all(format!("{port}\n").as_bytes()).await?;
-    crate::agent::port_forward_answer(&mut guest, port).await?;
+    agent_client::port_forward_answer(&mut guest, port).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut guest).await?;
     Ok(())
 }

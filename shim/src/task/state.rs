@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use ttrpc::{Code, Error as TtrpcError};
 
-use crate::agent::{Agent, AgentError};
 use crate::container::{Container, Process};
 use crate::sandbox::Sandbox;
+use agent_client::{Agent, AgentError};
 
 pub type Result<T> = std::result::Result<T, TtrpcError>;
 

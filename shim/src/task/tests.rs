@@ -18,12 +18,12 @@ use tokio::sync::Notify;
 use ttrpc::Code;
 
 use super::TaskService;
-use crate::agent::fake::FakeAgent;
 use crate::events::Events;
 use crate::launch::{LaunchError, Launcher};
 use crate::mount::SharedDirs;
 use crate::sandbox::Sandbox;
 use crate::spec::SandboxSpec;
+use agent_client::fake::FakeAgent;
 
 /// Hands out sandboxes around one fake agent, sharing from a temp dir; optionally holds
 /// the boot until `release` is notified.

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use slog::{debug, info, warn};
 
 use super::Inner;
-use crate::agent::Agent;
 use crate::ratelimit::{clip, PerKey};
 use crate::sandbox::Sandbox;
+use agent_client::Agent;
 
 /// The exit status reported for every process of a sandbox whose VM died: the guest can
 /// no longer say how they ended (as runc reports for a process it lost).

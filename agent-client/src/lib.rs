@@ -6,15 +6,17 @@
 //!   [`Deadline`]); waits are long polls without one;
 //! - once the VM is known to be gone ([`Agent::disconnect`]), every pending and later
 //!   request fails at once with [`AgentError::VmGone`], long polls included, and
-//!   [`Agent::vm_gone`] tells whoever holds a stdio stream (`crate::io`) to let go.
+//!   [`Agent::vm_gone`] tells whoever holds a stdio stream (the shim's `io`) to let go.
 //!
 //! Stdio is no request: each stream of a process is a connection of its own to the
 //! agent ([`Agent::open_stdio`], `protocols::stdio`), which then carries plain bytes.
 //!
-//! The trait is the seam unit tests use to drive the Task state machine without a VM.
+//! The trait is the seam the shim's unit tests use to drive the Task state machine without
+//! a VM ([`fake::FakeAgent`], feature `fake`). The fuzz targets read the agent's answers
+//! through [`KataAgent`] as the shim does.
 
 mod client;
-#[cfg(test)]
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
 use std::path::PathBuf;
@@ -29,8 +31,8 @@ use tokio::sync::watch;
 pub use client::{hybrid_vsock_connect, port_forward_answer, KataAgent};
 
 /// Told how long each answered agent request took (its name, e.g.
-/// `grpc.CreateContainerRequest`); the shim's metrics set it at start. The module keeps
-/// to external crates (the fuzz targets compile it on its own), hence a hook.
+/// `grpc.CreateContainerRequest`): where the crate's user keeps such figures (the shim's
+/// metrics set it at start).
 pub type RequestObserver = fn(&'static str, Duration);
 
 static OBSERVER: std::sync::OnceLock<RequestObserver> = std::sync::OnceLock::new();
