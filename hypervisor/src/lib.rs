@@ -25,6 +25,7 @@ pub mod builtin;
 pub mod console;
 mod error;
 pub mod jail;
+pub mod probe;
 pub mod process;
 pub mod qemu;
 /// The visible skip line of this workspace's tests (see `vmm_contract::test_skip`).

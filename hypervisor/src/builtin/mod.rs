@@ -307,7 +307,7 @@ impl Builtin {
             CONSOLE_FD,
         );
         for (file, target) in &files {
-            file.pass_to(&mut place, *target);
+            place.pass_fd(file.fd(), *target);
         }
         let place = place.jailed(jail);
         let daemon = Daemon {

@@ -119,8 +119,8 @@ impl Qemu {
             program = jail::real_path(&self.config.path)?;
             let kernel = ReadOnlyFile::open("kernel", &self.config.kernel)?;
             let initrd = ReadOnlyFile::open("initrd", &self.config.initrd)?;
-            kernel.pass_to(&mut place, jail::KERNEL_FD);
-            initrd.pass_to(&mut place, jail::INITRD_FD);
+            place.pass_fd(kernel.fd(), jail::KERNEL_FD);
+            place.pass_fd(initrd.fd(), jail::INITRD_FD);
             files.extend([kernel, initrd]);
             if let Some(netns) = &cfg.netns {
                 for (i, nic) in cfg.net.iter().enumerate() {

@@ -88,7 +88,7 @@ pub fn line(config: &Config, backend: &Backend) -> Line {
 }
 
 fn probe(hp: &HostProcesses, program: &Path, args: &[&str], new_netns: bool) -> Result<(), String> {
-    hypervisor::jail::probe(hp, program, args, new_netns)
+    hypervisor::probe::probe(hp, program, args, new_netns)
 }
 
 /// QEMU starts with the seccomp sandbox the shim gives it (built with libseccomp).
