@@ -386,6 +386,14 @@ pub struct HostUsage {
     pub containerd_fds: usize,
     /// Resident memory of the containerd process, in KiB.
     pub containerd_rss_kib: u64,
+    /// The host's `MemAvailable` (`/proc/meminfo`), in KiB.
+    pub mem_available_kib: u64,
+    /// uid claims in `/run/vc/ids`.
+    pub uid_claims: usize,
+    /// Named network namespaces in `/run/netns` (where the CRI puts its pods').
+    pub netns: usize,
+    /// Cgroups of the host: `num_cgroups` of `/proc/cgroups`, once per hierarchy.
+    pub cgroups: usize,
 }
 
 fn entries(dir: &str) -> usize {
@@ -409,13 +417,51 @@ impl HostUsage {
             mounts: mount_points().len(),
             containerd_fds: entries(&format!("/proc/{containerd}/fd")),
             containerd_rss_kib: rss,
+            mem_available_kib: mem_available_kib(),
+            uid_claims: entries("/run/vc/ids"),
+            netns: entries("/run/netns"),
+            cgroups: cgroup_count(&std::fs::read_to_string("/proc/cgroups").unwrap_or_default()),
         }
     }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in KiB (0 if unreadable).
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The host's cgroups from the text of `/proc/cgroups`: `num_cgroups` summed once per
+/// hierarchy (controllers mounted together share one), enabled controllers only.
+fn cgroup_count(proc_cgroups: &str) -> usize {
+    let mut seen = std::collections::HashMap::new();
+    for line in proc_cgroups.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let [_, hierarchy, count, "1"] = f[..] {
+            if let Ok(n) = count.parse::<usize>() {
+                seen.insert(hierarchy.to_string(), n);
+            }
+        }
+    }
+    seen.values().sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroups_are_counted_once_per_hierarchy() {
+        let text = "#subsys_name\thierarchy\tnum_cgroups\tenabled\n\
+                    cpu\t1\t5\t1\ncpuacct\t1\t5\t1\nmemory\t4\t24\t1\n\
+                    net_cls\t0\t2\t1\nrdma\t9\t7\t0\n";
+        assert_eq!(cgroup_count(text), 5 + 24 + 2);
+    }
 
     #[test]
     fn processes_are_told_apart_by_their_command_line() {
