@@ -392,7 +392,7 @@ pub struct HostUsage {
     pub uid_claims: usize,
     /// Named network namespaces in `/run/netns` (where the CRI puts its pods').
     pub netns: usize,
-    /// Cgroups of the host: `num_cgroups` of `/proc/cgroups`, once per hierarchy.
+    /// Cgroups of the host: directories in its cgroup hierarchies.
     pub cgroups: usize,
 }
 
@@ -420,7 +420,7 @@ impl HostUsage {
             mem_available_kib: mem_available_kib(),
             uid_claims: entries("/run/vc/ids"),
             netns: entries("/run/netns"),
-            cgroups: cgroup_count(&std::fs::read_to_string("/proc/cgroups").unwrap_or_default()),
+            cgroups: cgroup_count(),
         }
     }
 }
@@ -436,32 +436,31 @@ fn mem_available_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// The host's cgroups from the text of `/proc/cgroups`: `num_cgroups` summed once per
-/// hierarchy (controllers mounted together share one), enabled controllers only.
-fn cgroup_count(proc_cgroups: &str) -> usize {
-    let mut seen = std::collections::HashMap::new();
-    for line in proc_cgroups.lines().filter(|l| !l.starts_with('#')) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if let [_, hierarchy, count, "1"] = f[..] {
-            if let Ok(n) = count.parse::<usize>() {
-                seen.insert(hierarchy.to_string(), n);
-            }
-        }
+/// The host's cgroups: directories in every hierarchy mounted under `/sys/fs/cgroup`
+/// (symbolic links to a hierarchy counted once). Not `/proc/cgroups`' `num_cgroups`, which
+/// counts removed memory cgroups too as long as page cache is charged to them.
+fn cgroup_count() -> usize {
+    fn dirs(dir: &Path) -> usize {
+        1 + std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| dirs(&e.path()))
+            .sum::<usize>()
     }
-    seen.values().sum()
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| dirs(&e.path()))
+        .sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cgroups_are_counted_once_per_hierarchy() {
-        let text = "#subsys_name\thierarchy\tnum_cgroups\tenabled\n\
-                    cpu\t1\t5\t1\ncpuacct\t1\t5\t1\nmemory\t4\t24\t1\n\
-                    net_cls\t0\t2\t1\nrdma\t9\t7\t0\n";
-        assert_eq!(cgroup_count(text), 5 + 24 + 2);
-    }
 
     #[test]
     fn processes_are_told_apart_by_their_command_line() {

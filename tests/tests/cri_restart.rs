@@ -4,8 +4,8 @@
 //!
 //! - a pod that runs keeps running: afterwards its container answers ExecSync, its log
 //!   goes on growing, ContainerStats and PodSandboxStats answer;
-//! - two pods whose RunPodSandbox is in flight (their shims started, their VMs booting)
-//!   are afterwards either listed, and then removed as kubelet removes a sandbox it did
+//! - two pods whose RunPodSandbox is in flight (the second one's shim just started, the
+//!   first one's VM further into its boot) are afterwards either listed, and then removed as kubelet removes a sandbox it did
 //!   not ask for (StopPodSandbox, RemovePodSandbox), or not listed at all;
 //! - and then nothing of any of them is left on the host: processes, mounts, `/run/vc`
 //!   entries, uid claims, the pods' network (CNI IPAM allocations, network namespaces),
@@ -154,28 +154,32 @@ fn restart_under_running_and_starting_pods(version: &str, sig: Signal) {
         ],
     );
     let app = c.start_container(&running, ticker);
-    let running_shim = c.shims_left();
 
     let configs: Vec<_> = (0..STARTING)
         .map(|i| c.pod_config(&format!("starting-{i}")))
         .collect();
     let mut caught = Vec::new();
     let started: Vec<Result<Pod, CriError>> = std::thread::scope(|s| {
-        let runs: Vec<_> = configs
-            .iter()
-            .map(|config| s.spawn(|| c.try_run_pod(config.clone())))
-            .collect();
-        // Every starting pod's shim is up (its VM booting): containerd goes now.
-        let in_flight = poll(Duration::from_secs(60), Duration::from_millis(20), || {
-            let shims = c.shims_left();
-            (shims.len() > running_shim.len() + STARTING - 1).then_some(shims)
-        });
-        caught = in_flight
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|s| shim_id(s))
-            .filter(|id| *id != running.id)
-            .collect();
+        // One after the other, each once the one before has its shim (its VM booting):
+        // containerd goes as soon as the last one's shim is up, catching the pods at
+        // different points of their start.
+        let mut runs = Vec::new();
+        for config in &configs {
+            runs.push(s.spawn(|| c.try_run_pod(config.clone())));
+            // A shim is listed twice while its `start` runs: count sandbox ids.
+            let up = poll(Duration::from_secs(60), Duration::from_millis(20), || {
+                let mut ids: Vec<String> = c
+                    .shims_left()
+                    .iter()
+                    .filter_map(|s| shim_id(s))
+                    .filter(|id| *id != running.id)
+                    .collect();
+                ids.sort();
+                ids.dedup();
+                (ids.len() >= runs.len()).then_some(ids)
+            });
+            caught = up.unwrap_or_default();
+        }
         let pid = c.containerd().pid();
         assert!(signal(pid, sig), "{sig} to containerd {pid}");
         if !wait_gone(pid, Duration::from_secs(20)) {
