@@ -46,23 +46,6 @@ fn ticks(c: &CriContainerd, id: &str) -> usize {
         .count()
 }
 
-/// Waits until the CRI of the restarted containerd answers and is ready.
-fn wait_cri_ready(c: &CriContainerd) {
-    let ready = poll(Duration::from_secs(60), Duration::from_millis(200), || {
-        let status = c.cri().status().ok()?.status?;
-        ["RuntimeReady", "NetworkReady"]
-            .iter()
-            .all(|t| status.conditions.iter().any(|s| s.r#type == *t && s.status))
-            .then_some(())
-    });
-    assert!(
-        ready.is_some(),
-        "the CRI is not ready after containerd's restart: {:?}\n{}",
-        c.cri().status(),
-        c.log_tail()
-    );
-}
-
 /// The running pod's container answers exec, logs and stats after the restart.
 fn assert_still_serves(c: &CriContainerd, pod: &Pod, app: &str) {
     assert_eq!(
@@ -103,7 +86,7 @@ fn assert_still_serves(c: &CriContainerd, pod: &Pod, app: &str) {
 /// listed ones are adopted (so that they are stopped, removed and checked), and the
 /// outcome said.
 fn outcome(c: &CriContainerd, config: &cri_api::PodSandboxConfig) -> (String, Vec<Pod>) {
-    let uid = config.metadata.as_ref().map(|m| m.uid.clone());
+    let uid = Some(pod_uid(config));
     let listed = c
         .cri()
         .list_pod_sandbox()
@@ -204,11 +187,11 @@ fn restart_under_running_and_starting_pods(version: &str, sig: Signal) {
 
     let restarted = Instant::now();
     c.containerd().start_daemon();
-    wait_cri_ready(&c);
+    c.wait_ready();
     assert_still_serves(&c, &running, &app);
 
     for (i, config) in configs.iter().enumerate() {
-        if adopted.iter().any(|p| p.uid() == uid_of(config)) {
+        if adopted.iter().any(|p| p.uid() == pod_uid(config)) {
             continue;
         }
         let (said, pods) = outcome(&c, config);
@@ -255,15 +238,6 @@ fn restart_under_running_and_starting_pods(version: &str, sig: Signal) {
         "shims left: {:?}",
         c.shims_left()
     );
-}
-
-/// The uid of a pod configuration.
-fn uid_of(config: &cri_api::PodSandboxConfig) -> String {
-    config
-        .metadata
-        .as_ref()
-        .map(|m| m.uid.clone())
-        .unwrap_or_default()
 }
 
 #[test]

@@ -5,8 +5,8 @@
 //! `/run/vc` entries, uid claims, network namespace, cgroups). No lifecycle may fail.
 //!
 //! Host-wide, measured after a warm-up and again at the end once settled: MemAvailable,
-//! containerd's open files and RSS, mounts, `/run/vc` entries, uid claims, network
-//! namespaces, cgroups. None may grow beyond noise. The figures and the rate (cycles per
+//! containerd's open files and RSS, mounts, `/run/vc` entries, shim sockets, uid claims,
+//! network namespaces, cgroups. None may grow beyond noise. The figures and the rate (cycles per
 //! minute) go to stderr and to `target/e2e-figures/cri-soak.txt`, which `make e2e` and
 //! `make test` print.
 //!
@@ -197,6 +197,12 @@ fn pod_churn_through_the_cri_leaves_nothing_and_grows_nothing() {
             "/run/vc entries",
             before.sandbox_dirs,
             after.sandbox_dirs,
+            HOST_NOISE,
+        ),
+        Figure::grew(
+            "shim sockets",
+            before.shim_sockets,
+            after.shim_sockets,
             HOST_NOISE,
         ),
         Figure::grew(

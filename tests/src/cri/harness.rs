@@ -315,8 +315,9 @@ impl CriContainerd {
     }
 
     /// Waits until the CRI sees both images (it learns of imports through events) and
-    /// reports its network ready (it has loaded our CNI configuration).
-    fn wait_ready(&self) {
+    /// reports its network ready (it has loaded our CNI configuration): after the start,
+    /// and after a restart of containerd.
+    pub fn wait_ready(&self) {
         let images_seen = poll(Duration::from_secs(20), Duration::from_millis(100), || {
             let images = self.cri.list_images().ok()?;
             let has = |name: &str| images.iter().any(|i| i.repo_tags.iter().any(|t| t == name));
@@ -422,7 +423,7 @@ impl CriContainerd {
     /// reads its IP and network namespace. On failure the cgroup is removed again.
     pub fn try_run_pod(&self, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
         let cgroup_parent = cgroup_parent_of(&config);
-        let uid = uid_of(&config);
+        let uid = pod_uid(&config);
         let log_dir = PathBuf::from(&config.log_directory);
         std::fs::create_dir_all(&log_dir).expect("creating the pod's log directory");
         if !cgroup_parent.is_empty() {
@@ -452,7 +453,7 @@ impl CriContainerd {
     /// and network namespace from PodSandboxStatus) serves
     /// [`CriContainerd::stop_and_remove_pod`] and the leak checks.
     pub fn adopt_pod(&self, id: &str, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
-        let uid = uid_of(&config);
+        let uid = pod_uid(&config);
         self.record(PodRecord {
             uid,
             id: Some(id.to_string()),
@@ -463,7 +464,7 @@ impl CriContainerd {
 
     /// The [`Pod`] of sandbox `id` (recorded), run with `config`.
     fn pod_of(&self, id: String, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
-        let uid = uid_of(&config);
+        let uid = pod_uid(&config);
         let cgroup_parent = cgroup_parent_of(&config);
         let log_dir = PathBuf::from(&config.log_directory);
         let status = self.cri.pod_sandbox_status(&id, true)?;
@@ -913,7 +914,7 @@ fn has_capability(cap: u32) -> bool {
 }
 
 /// The pod's uid in `config`.
-fn uid_of(config: &api::PodSandboxConfig) -> String {
+pub fn pod_uid(config: &api::PodSandboxConfig) -> String {
     config
         .metadata
         .as_ref()
@@ -1085,8 +1086,11 @@ fn cgroup_hierarchies(with_v2: bool) -> Vec<String> {
 
 /// Creates cgroup `path` (relative to each hierarchy) in every cgroup v1 hierarchy, as
 /// kubelet's cgroupfs driver does for a pod; cpuset levels get their parent's CPUs and
-/// memory nodes (a new cpuset cgroup has none).
+/// memory nodes (a new cpuset cgroup has none). One at a time: pods started at once
+/// share their parents, which must be made, and given their CPUs, once.
 fn create_cgroup(path: &str) {
+    static CREATING: Mutex<()> = Mutex::new(());
+    let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     for h in cgroup_hierarchies(false) {
         let mut dir = PathBuf::from(&h);
         for part in path.split('/').filter(|p| !p.is_empty()) {
