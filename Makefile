@@ -164,7 +164,9 @@ test: setup build guest image containerd-versions
 	status=0; \
 	$(CARGO) test --workspace --lib --bins --no-fail-fast || status=$$?; \
 	$(CARGO) test -p kata-agent --bins --features bench-sink --no-fail-fast || status=$$?; \
+	rm -rf $(E2E_FIGURES); \
 	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2 || status=$$?; \
+	$(SHOW_E2E_FIGURES); \
 	KATA_FUZZ_CACHE=$(FUZZ_CACHE) FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh || status=$$?; \
 	$(CRITEST) || status=$$?; \
 	$(K8S_SUITE) || status=$$?; \
@@ -189,7 +191,16 @@ unit:
 
 # The end-to-end tests alone (every crate's tests/ files: real QEMU, containerd, the CRI).
 e2e: setup build guest image containerd-versions
-	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2
+	rm -rf $(E2E_FIGURES); \
+	status=0; \
+	$(E2E_ENV) $(CARGO) test --workspace --no-fail-fast --test '*' -- --test-threads=2 || status=$$?; \
+	$(SHOW_E2E_FIGURES); \
+	exit $$status
+
+# Figures end-to-end tests measure (the CRI churn soak's before/after counts and rate),
+# written there because cargo shows nothing of a test that passes; printed after the run.
+E2E_FIGURES := target/e2e-figures
+SHOW_E2E_FIGURES = for f in $(E2E_FIGURES)/*.txt; do [ -f "$$f" ] && cat "$$f"; done; true
 
 # Fuzzing (fuzz/, cargo-fuzz with libFuzzer) of what parses guest-controlled bytes: vsock
 # packets and the muxer, kata-vmm's virtio-mmio transport and devices, the shim's reading of

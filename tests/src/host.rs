@@ -386,6 +386,14 @@ pub struct HostUsage {
     pub containerd_fds: usize,
     /// Resident memory of the containerd process, in KiB.
     pub containerd_rss_kib: u64,
+    /// The host's `MemAvailable` (`/proc/meminfo`), in KiB.
+    pub mem_available_kib: u64,
+    /// uid claims in `/run/vc/ids`.
+    pub uid_claims: usize,
+    /// Named network namespaces in `/run/netns` (where the CRI puts its pods').
+    pub netns: usize,
+    /// Cgroups of the host: directories in its cgroup hierarchies.
+    pub cgroups: usize,
 }
 
 fn entries(dir: &str) -> usize {
@@ -409,8 +417,45 @@ impl HostUsage {
             mounts: mount_points().len(),
             containerd_fds: entries(&format!("/proc/{containerd}/fd")),
             containerd_rss_kib: rss,
+            mem_available_kib: mem_available_kib(),
+            uid_claims: entries("/run/vc/ids"),
+            netns: entries("/run/netns"),
+            cgroups: cgroup_count(),
         }
     }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in KiB (0 if unreadable).
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The host's cgroups: directories in every hierarchy mounted under `/sys/fs/cgroup`
+/// (symbolic links to a hierarchy counted once). Not `/proc/cgroups`' `num_cgroups`, which
+/// counts removed memory cgroups too as long as page cache is charged to them.
+fn cgroup_count() -> usize {
+    fn dirs(dir: &Path) -> usize {
+        1 + std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| dirs(&e.path()))
+            .sum::<usize>()
+    }
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| dirs(&e.path()))
+        .sum()
 }
 
 #[cfg(test)]

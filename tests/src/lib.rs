@@ -42,6 +42,29 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Where tests put the figures the CI log shows (`target/e2e-figures/<name>.txt`): `make
+/// e2e` and `make test` print these files after the tests, which cargo's output would hide
+/// for a test that passes.
+pub fn figures_file(name: &str) -> PathBuf {
+    repo_root()
+        .join("target/e2e-figures")
+        .join(format!("{name}.txt"))
+}
+
+/// Prints `text` on stderr and writes it to [`figures_file`] `name` (replacing what an
+/// earlier run wrote); a failure to write is said, not fatal.
+pub fn publish_figures(name: &str, text: &str) {
+    eprintln!("{text}");
+    let path = figures_file(name);
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|_| std::fs::write(&path, text));
+    if let Err(e) = written {
+        eprintln!("writing {}: {e}", path.display());
+    }
+}
+
 /// A private containerd with the busybox image imported, stopped (with everything it
 /// started) when dropped, also when the test fails.
 pub struct Containerd {

@@ -315,8 +315,9 @@ impl CriContainerd {
     }
 
     /// Waits until the CRI sees both images (it learns of imports through events) and
-    /// reports its network ready (it has loaded our CNI configuration).
-    fn wait_ready(&self) {
+    /// reports its network ready (it has loaded our CNI configuration): after the start,
+    /// and after a restart of containerd.
+    pub fn wait_ready(&self) {
         let images_seen = poll(Duration::from_secs(20), Duration::from_millis(100), || {
             let images = self.cri.list_images().ok()?;
             let has = |name: &str| images.iter().any(|i| i.repo_tags.iter().any(|t| t == name));
@@ -421,16 +422,8 @@ impl CriContainerd {
     /// hierarchy, its log directory), runs the pod with the instance's handler, and
     /// reads its IP and network namespace. On failure the cgroup is removed again.
     pub fn try_run_pod(&self, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
-        let cgroup_parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.clone())
-            .unwrap_or_default();
-        let uid = config
-            .metadata
-            .as_ref()
-            .map(|m| m.uid.clone())
-            .unwrap_or_default();
+        let cgroup_parent = cgroup_parent_of(&config);
+        let uid = pod_uid(&config);
         let log_dir = PathBuf::from(&config.log_directory);
         std::fs::create_dir_all(&log_dir).expect("creating the pod's log directory");
         if !cgroup_parent.is_empty() {
@@ -451,6 +444,29 @@ impl CriContainerd {
             }
         };
         self.update_record(&uid, |r| r.id = Some(id.clone()));
+        self.pod_of(id, config)
+    }
+
+    /// Takes over pod sandbox `id`, which the CRI lists but whose RunPodSandbox (with
+    /// `config`) never answered (containerd restarted under it), as kubelet does when it
+    /// finds it: the instance's clean-up removes it from now on, and the [`Pod`] (its IP
+    /// and network namespace from PodSandboxStatus) serves
+    /// [`CriContainerd::stop_and_remove_pod`] and the leak checks.
+    pub fn adopt_pod(&self, id: &str, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
+        let uid = pod_uid(&config);
+        self.record(PodRecord {
+            uid,
+            id: Some(id.to_string()),
+            ..Default::default()
+        });
+        self.pod_of(id.to_string(), config)
+    }
+
+    /// The [`Pod`] of sandbox `id` (recorded), run with `config`.
+    fn pod_of(&self, id: String, config: api::PodSandboxConfig) -> Result<Pod, CriError> {
+        let uid = pod_uid(&config);
+        let cgroup_parent = cgroup_parent_of(&config);
+        let log_dir = PathBuf::from(&config.log_directory);
         let status = self.cri.pod_sandbox_status(&id, true)?;
         let ip = status
             .status
@@ -643,6 +659,34 @@ impl CriContainerd {
                 remove_cgroup(&pod.cgroup_parent, false).ok()
             });
         }
+    }
+
+    /// Removes the cgroup of a pod run with `config` that the CRI no longer knows, as
+    /// kubelet does for a pod it deleted (without killing what is in it: a process left
+    /// there is a leak the caller reports). The error names what could not be removed.
+    pub fn remove_pod_cgroup(&self, config: &api::PodSandboxConfig) -> Result<(), String> {
+        let path = cgroup_parent_of(config);
+        if path.is_empty() {
+            return Ok(());
+        }
+        remove_cgroup(&path, false)
+    }
+
+    /// The addresses the instance's CNI IPAM (host-local) still has allocated: one per pod
+    /// whose network the CRI set up and did not tear down.
+    pub fn ipam_allocations(&self) -> Vec<String> {
+        let dir = self
+            .containerd()
+            .dir
+            .join("cni/ipam")
+            .join(&self.network.name);
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect()
     }
 
     /// Stops and removes `pod`, then checks (for up to 20 s) that nothing of it is left.
@@ -869,6 +913,24 @@ fn has_capability(cap: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// The pod's uid in `config`.
+pub fn pod_uid(config: &api::PodSandboxConfig) -> String {
+    config
+        .metadata
+        .as_ref()
+        .map(|m| m.uid.clone())
+        .unwrap_or_default()
+}
+
+/// The pod's `cgroup_parent` in `config` ("" if none).
+fn cgroup_parent_of(config: &api::PodSandboxConfig) -> String {
+    config
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default()
+}
+
 /// Namespace options: the pod's network and IPC, `pid` as given.
 pub fn namespaces(pid: api::NamespaceMode) -> api::NamespaceOption {
     api::NamespaceOption {
@@ -1024,8 +1086,11 @@ fn cgroup_hierarchies(with_v2: bool) -> Vec<String> {
 
 /// Creates cgroup `path` (relative to each hierarchy) in every cgroup v1 hierarchy, as
 /// kubelet's cgroupfs driver does for a pod; cpuset levels get their parent's CPUs and
-/// memory nodes (a new cpuset cgroup has none).
+/// memory nodes (a new cpuset cgroup has none). One at a time: pods started at once
+/// share their parents, which must be made, and given their CPUs, once.
 fn create_cgroup(path: &str) {
+    static CREATING: Mutex<()> = Mutex::new(());
+    let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     for h in cgroup_hierarchies(false) {
         let mut dir = PathBuf::from(&h);
         for part in path.split('/').filter(|p| !p.is_empty()) {
