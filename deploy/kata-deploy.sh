@@ -29,7 +29,8 @@
 # (/opt/kata-artifacts), CONTAINERD_FLAVOUR (containerd, k3s, rke2), CONTAINERD_CONFIG
 # (the flavour's path when empty), CONTAINERD_RESTART (a shell command run on the node;
 # the flavour's systemctl restart when empty), REQUIRE_KVM (true/false), NODE_LABEL,
-# RUNTIME_CONFIG (TOML, the runtime configuration drop-in), DAEMONSET, NAMESPACE.
+# RUNTIME_CONFIG (TOML, the runtime configuration drop-in), DAEMONSET, NAMESPACE,
+# UNINSTALL_TIMEOUT (seconds remove-all waits).
 set -eu
 
 prog=kata-deploy
@@ -345,7 +346,10 @@ marked_for_removal() {
 do_run() {
     do_install
     label_node
+    # The pod's readiness probe.
+    : >/tmp/kata-deploy-ready
     log "ready; waiting (SIGTERM: uninstall if the DaemonSet is marked for removal)"
+    SLEEP=
     trap 'on_term' TERM INT
     # A sleep in the background: the shell handles the signal at once.
     while :; do
@@ -375,8 +379,9 @@ do_remove_all() {
     kubectl_ -n "$NAMESPACE" patch daemonset "$DAEMONSET" --type merge \
         -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"$UNINSTALL_MARK\":\"no-node-has-this\"}}}}}" >/dev/null
     log "waiting for the installer pods to uninstall"
-    kubectl -n "$NAMESPACE" wait --for=delete pod -l "app.kubernetes.io/name=$DAEMONSET" --timeout=600s >&2 ||
-        die "the installer pods did not end within 600 s"
+    t=${UNINSTALL_TIMEOUT:-600}
+    kubectl -n "$NAMESPACE" wait --for=delete pod -l "app.kubernetes.io/name=$DAEMONSET" --timeout="${t}s" >&2 ||
+        die "the installer pods did not end within $t s"
     log "every node uninstalled"
 }
 
