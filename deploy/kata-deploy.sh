@@ -288,7 +288,9 @@ unconfigure_containerd() {
     CFG_CHANGED=1
 }
 
-kubectl_() { kubectl --request-timeout=30s "$@"; }
+# Bounded by timeout(1): kubectl's own --request-timeout, like any client flag, turns off
+# its in-cluster configuration (the service account's token).
+kubectl_() { timeout 60 kubectl "$@"; }
 
 label_node() {
     kubectl_ get nodes -l "$NODE_LABEL=true" -o name 2>/dev/null | grep -qxF "node/$NODE_NAME" && return 0

@@ -164,6 +164,8 @@ cleanup() {
             k delete ns "$ns" --wait=false >/dev/null 2>&1
         done
         k -n kube-system delete deploy coredns --wait=false >/dev/null 2>&1
+        # A DaemonSet left by a failed case (the Helm chart's installer) would recreate its pods.
+        k delete daemonsets --all -A --wait=false >/dev/null 2>&1
         k delete pods --all -A --wait=false >/dev/null 2>&1
         # kubelet stops each pod's containers and its sandbox (a kata pod's VM with it).
         for _ in $(seq 90); do

@@ -107,8 +107,8 @@ EOF
     # ---- the installer image, as tags 1 and 2 ----
     t0=$SECONDS
     img=$WORK/kata-deploy.tar
-    KUBECTL=$K8S_BIN/kubectl bash "$repo/scripts/kata-deploy-image.sh" \
-        "$IMAGES/$(awk '$1 == "e2e-test-images/busybox:1.29-2" { print $2 }' "$IMAGES/images.list")" \
+    # As `make kata-deploy-image` builds it: on the project's busybox image.
+    KUBECTL=$K8S_BIN/kubectl bash "$repo/scripts/kata-deploy-image.sh" "$KATA_IMAGE" \
         "$img" "$repo_img:1" || fail "building the installer image failed"
     push "$registry" kata-k8s/kata-deploy:1 "$img"
     push "$registry" kata-k8s/kata-deploy:2 "$img"
