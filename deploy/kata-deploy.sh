@@ -382,8 +382,13 @@ do_remove_all() {
         -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"$UNINSTALL_MARK\":\"no-node-has-this\"}}}}}" >/dev/null
     log "waiting for the installer pods to uninstall"
     t=${UNINSTALL_TIMEOUT:-600}
-    kubectl -n "$NAMESPACE" wait --for=delete pod -l "app.kubernetes.io/name=$DAEMONSET" --timeout="${t}s" >&2 ||
-        die "the installer pods did not end within $t s"
+    end=$(($(date +%s) + t))
+    while :; do
+        left=$(kubectl_ -n "$NAMESPACE" get pods -l "app.kubernetes.io/name=$DAEMONSET" -o name) || left=unknown
+        [ -n "$left" ] || break
+        [ "$(date +%s)" -lt "$end" ] || die "the installer pods did not end within $t s: $left"
+        sleep 2
+    done
     log "every node uninstalled"
 }
 
