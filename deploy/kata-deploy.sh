@@ -17,11 +17,13 @@
 #        configurations (config.d/10-kata-deploy.toml names the paths under the prefix,
 #        config.d/50-values.toml the chart's `runtimeConfig`) and the containerd drop-in;
 #        a file of the list $PREFIX/.kata-deploy-files: removed, then the empty dirs.
-#   the containerd configuration ($CONTAINERD_CONFIG): one line `imports = [...]` naming
-#        the drop-in (or its existing `imports` line with the drop-in added), kept with
-#        the original line in $PREFIX/containerd/imports.orig: the line is put back as it
-#        was (or removed), leaving the file byte for byte as before. For k3s/RKE2 the
-#        template config.toml.tmpl (base template + the runtimes), removed again.
+#   the containerd configuration ($CONTAINERD_CONFIG): config versions 3 and 4, one line
+#        `imports = [...]` naming the drop-in (or its existing `imports` line with the
+#        drop-in added), the original line kept in $PREFIX/containerd/imports.orig: the
+#        line is put back as it was (or removed), leaving the file byte for byte as
+#        before. Version 2 (containerd 1.x, whose imports replace whole plugin sections):
+#        the runtimes appended between two marker lines, removed with them. For k3s/RKE2
+#        the template config-v3.toml.tmpl (base template + the runtimes), removed again.
 #   containerd restarted ($CONTAINERD_RESTART, run on the node) after each change.
 #   the node label $NODE_LABEL=true: removed.
 #
@@ -45,6 +47,8 @@ NODE_LABEL=${NODE_LABEL:-katacontainers.io/kata-runtime}
 RUNTIME_CONFIG=${RUNTIME_CONFIG:-}
 UNINSTALL_MARK=kata-deploy.katacontainers.io/uninstall
 MARKER="# added by kata-deploy: removed on uninstall"
+BLOCK_BEGIN="# >>> the kata runtimes, added by kata-deploy: removed on uninstall >>>"
+BLOCK_END="# <<< kata-deploy <<<"
 
 log() { echo "$prog: $(date +%T) $*" >&2; }
 die() { echo "$prog: error: $*" >&2; exit 1; }
@@ -105,11 +109,15 @@ preflight() {
         [ -f "$CFG" ] || die "no containerd configuration at $CONTAINERD_CONFIG on node $NODE_NAME: is containerd installed? (set containerd.configPath, or containerd.flavour for k3s/RKE2)"
         VERSION=$(config_version "$CFG")
         case "$VERSION" in
-        2 | 3 | 4) ;;
+        2)
+            # containerd 1.x replaces a whole plugin section with an imported file's (the
+            # CRI's sandbox image, CNI and runc would go): the runtimes go into the file.
+            METHOD=append ;;
+        3 | 4) ;;
         '') die "$CONTAINERD_CONFIG has no 'version = N' line: containerd reads it as config version 1, which this installer does not write (run 'containerd config migrate')" ;;
         *) die "$CONTAINERD_CONFIG has config version $VERSION; the installer knows versions 2, 3 and 4" ;;
         esac
-        if grep -q '^[[:space:]]*imports[[:space:]]*=' "$CFG" && ! grep -qF "$MARKER" "$CFG" &&
+        if [ "$METHOD" = imports ] && grep -q '^[[:space:]]*imports[[:space:]]*=' "$CFG" && ! grep -qF "$MARKER" "$CFG" &&
             ! grep -q '^[[:space:]]*imports[[:space:]]*=[[:space:]]*\[.*\][[:space:]]*$' "$CFG"; then
             die "$CONTAINERD_CONFIG has an 'imports' spanning several lines: put it on one line, then retry"
         fi
@@ -148,7 +156,7 @@ put_text() { # TEXT RELATIVE
 # the prefix.
 containerd_dropin() {
     if [ "$VERSION" = 2 ]; then src=$ARTIFACTS/share/kata-containers/deploy/containerd/kata-containerd-1.x.toml; else src=$ARTIFACTS/share/kata-containers/deploy/containerd/kata-containerd-2.x.toml; fi
-    [ "$METHOD" = template ] || echo "version = $VERSION"
+    [ "$METHOD" != imports ] || echo "version = $VERSION"
     echo "# Written by kata-deploy; removed on uninstall."
     awk -v defaults="$DEFAULTS" -v shim="$PREFIX/bin/containerd-shim-kata-v2" '
         /^#/ { next }
@@ -168,7 +176,8 @@ check_runtime_config() {
     [ -z "$RUNTIME_CONFIG" ] || printf '%s\n' "$RUNTIME_CONFIG" >"$c/config.d/50-values.toml"
     ok=1
     chroot "$H" "$PREFIX/.kata-deploy-check/kata-runtime" env --config "$PREFIX/.kata-deploy-check/configuration.toml" >"$c/env" 2>&1 || ok=0
-    err=$(grep '^Error = ' "$c/env" | grep -vxF 'Error = ""' || true)
+    # Error = "" when it loads; else the message (TOML's multi-line string when it has lines).
+    err=$(sed -n '/^Error = /,/^$/p' "$c/env" | grep -vxF -e 'Error = ""' -e '' | tr -s '\n' ' ' || true)
     [ $ok = 1 ] || err=$(tail -n 3 "$c/env")
     rm -rf "$c"
     rmdir "$P" 2>/dev/null || true
@@ -228,9 +237,19 @@ remove_files_of() {
     done <"$1"
 }
 
-# The containerd configuration: our imports line (or template). Sets CFG_CHANGED.
+# The containerd configuration: our imports line (config versions 3 and 4), our block at
+# its end (version 2) or the template (k3s/RKE2). Sets CFG_CHANGED.
 configure_containerd() {
     CFG_CHANGED=0
+    if [ "$METHOD" = append ]; then
+        grep -qxF "$BLOCK_BEGIN" "$CFG" && return 0
+        # Whether the file lacked its last newline (added before the block, taken off again).
+        if [ -s "$CFG" ] && [ -n "$(tail -c 1 "$CFG")" ]; then nl=1; else nl=0; fi
+        echo "$nl" >"$P/containerd/append.orig"
+        { cat "$CFG"; [ $nl = 0 ] || echo; echo "$BLOCK_BEGIN"; containerd_dropin; echo "$BLOCK_END"; } >"$CFG.kata-deploy-new"
+        replace_config
+        return 0
+    fi
     if [ "$METHOD" = template ]; then
         new=$(printf '%s\n%s\n{{ template "base" . }}\n\n%s\n' "$MARKER" "# kata-deploy: k3s/RKE2 base template plus the kata runtimes" "$(containerd_dropin)")
         if [ -f "$CFG" ] && [ "$(cat "$CFG")" = "$new" ]; then return 0; fi
@@ -256,7 +275,16 @@ configure_containerd() {
     awk -v n="$n" -v new="$new" -v replace="$([ -n "$orig_line" ] && echo 1 || echo 0)" '
         NR == n { if (replace) { print new; next } print; print new; next }
         { print }' "$CFG" >"$CFG.kata-deploy-new"
-    # Same owner and mode as the file it replaces.
+    replace_config
+}
+
+# Renames $CFG.kata-deploy-new over the configuration, with its owner and mode. Line
+# edits (awk, grep) end the last line: a file whose last line had no newline keeps none.
+replace_config() {
+    if [ -s "$CFG" ] && [ -n "$(tail -c 1 "$CFG")" ] && [ "$METHOD" = imports ]; then
+        printf '%s' "$(cat "$CFG.kata-deploy-new")" >"$CFG.kata-deploy-new2"
+        mv -f "$CFG.kata-deploy-new2" "$CFG.kata-deploy-new"
+    fi
     chmod "$(stat -c %a "$CFG")" "$CFG.kata-deploy-new"
     chown "$(stat -c %u:%g "$CFG")" "$CFG.kata-deploy-new"
     mv -f "$CFG.kata-deploy-new" "$CFG"
@@ -266,6 +294,20 @@ configure_containerd() {
 # Puts the containerd configuration back as it was. Sets CFG_CHANGED.
 unconfigure_containerd() {
     CFG_CHANGED=0
+    if [ -f "$CFG" ] && grep -qxF "$BLOCK_BEGIN" "$CFG"; then
+        nl=$(cat "$P/containerd/append.orig" 2>/dev/null || echo 0)
+        awk -v b="$BLOCK_BEGIN" -v e="$BLOCK_END" -v nl="$nl" '
+            $0 == b { skip = 1; next }
+            skip && $0 == e { skip = 0; next }
+            skip { next }
+            { lines[++n] = $0 }
+            END {
+                # The newline added before the block goes with it.
+                for (i = 1; i <= n; i++) printf "%s%s", lines[i], (i < n || nl == 0) ? "\n" : ""
+            }' "$CFG" >"$CFG.kata-deploy-new"
+        replace_config
+        return 0
+    fi
     [ -f "$CFG" ] && grep -qF "$MARKER" "$CFG" || return 0
     if [ "$METHOD" = template ]; then
         head -n 1 "$CFG" | grep -qxF "$MARKER" || return 0
@@ -282,10 +324,7 @@ unconfigure_containerd() {
     else
         grep -vF "$MARKER" "$CFG" >"$CFG.kata-deploy-new" || true
     fi
-    chmod "$(stat -c %a "$CFG")" "$CFG.kata-deploy-new"
-    chown "$(stat -c %u:%g "$CFG")" "$CFG.kata-deploy-new"
-    mv -f "$CFG.kata-deploy-new" "$CFG"
-    CFG_CHANGED=1
+    replace_config
 }
 
 # Bounded by timeout(1): kubectl's own --request-timeout, like any client flag, turns off
@@ -331,7 +370,7 @@ do_uninstall() {
     unconfigure_containerd
     [ "$CFG_CHANGED" = 0 ] || restart_containerd
     [ -f "$LIST" ] && remove_files_of "$LIST"
-    rm -f "$LIST" "$P/containerd/imports.orig"
+    rm -f "$LIST" "$P/containerd/imports.orig" "$P/containerd/append.orig"
     rmdir "$P/containerd" "$P" 2>/dev/null || true
     if [ -e "$P" ]; then
         log "left $PREFIX on $NODE_NAME: it holds files kata-deploy did not put there"
