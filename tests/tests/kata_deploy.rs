@@ -245,11 +245,14 @@ fn an_existing_imports_line_is_kept_and_put_back() {
     assert!(!node.prefix().exists());
 }
 
+/// Variables set for one run of the installer.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
 /// Each node the installer cannot serve: refused with MESSAGE, nothing written.
 #[test]
 fn a_node_it_cannot_serve_is_refused_and_left_untouched() {
     let good = "version = 3\n";
-    let cases: &[(&str, &str, &[(&str, &str)])] = &[
+    let cases: &[(&str, &str, Env)] = &[
         ("root = \"/x\"\n", "no 'version = N' line", &[]),
         ("version = 7\n", "config version 7", &[]),
         (
