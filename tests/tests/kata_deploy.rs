@@ -324,3 +324,35 @@ fn a_node_without_qemu_is_refused() {
     assert!(!host.join("opt").exists(), "the prefix was written");
     assert_eq!(node.restarts(), 0);
 }
+
+/// A new image over an installed node (`helm upgrade`): changed files replaced, files the
+/// new payload lacks removed, containerd not restarted (its configuration is the same).
+#[test]
+fn a_new_payload_replaces_files_without_a_restart() {
+    let node = Node::new("version = 4\n");
+    node.install();
+    let a = node.artifacts();
+    let builtin = "share/defaults/kata-containers/configuration-builtin.toml";
+    let mut text = std::fs::read_to_string(a.join(builtin)).expect("read");
+    text.push_str("# a newer release\n");
+    std::fs::write(a.join(builtin), &text).expect("write");
+    let gone = "share/kata-containers/deploy/containerd/kata-containerd-1.x.toml";
+    std::fs::remove_file(a.join(gone)).expect("rm");
+
+    let out = node.install();
+    assert!(
+        stderr(&out).contains("updated the files"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(node.restarts(), 1, "the upgrade restarted containerd");
+    assert_eq!(
+        std::fs::read_to_string(node.prefix().join(builtin)).expect("read"),
+        text
+    );
+    assert!(!node.prefix().join(gone).exists(), "{gone} is left");
+
+    let out = node.run("uninstall", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!node.prefix().exists());
+}
