@@ -116,6 +116,18 @@ uninstall:
 	rm -f $(DEFAULTS_DIR)/configuration.toml $(DEFAULTS_DIR)/configuration-builtin.toml
 	rmdir --ignore-fail-on-non-empty $(SHARE_DIR)/deploy/containerd $(SHARE_DIR)/deploy/kubernetes $(SHARE_DIR)/deploy/monitor $(SHARE_DIR)/deploy/systemd $(SHARE_DIR)/deploy $(SHARE_DIR) $(DEFAULTS_DIR) 2>/dev/null || true
 
+# The Helm chart's installer image (deploy/helm/kata-deploy/, README "Install on a
+# cluster"): the runtime, guest kernel and initrd, configurations and deploy/kata-deploy.sh
+# on the project's busybox image, as an OCI archive to push to a registry. KUBECTL: a
+# statically linked kubectl (default: the one in PATH).
+KATA_DEPLOY_IMAGE ?= kata-deploy:0.1.0
+KATA_DEPLOY_TAR ?= $(GUEST_CACHE)/kata-deploy.tar
+.PHONY: kata-deploy-image
+kata-deploy-image: build kernel initrd image
+	KATA_SHIM_DIR=$(CURDIR)/target/release KATA_KERNEL="$$(bash guest/build-kernel.sh)" \
+	KATA_INITRD=$(INITRD) KUBECTL="$${KUBECTL:-$$(command -v kubectl)}" \
+	bash scripts/kata-deploy-image.sh $(IMAGE_TAR) $(KATA_DEPLOY_TAR) $(KATA_DEPLOY_IMAGE)
+
 # README command 1: a container in a VM through a private containerd.
 demo: setup install image
 	bash scripts/demo.sh $(DEMO_DIR) $(IMAGE_TAR)

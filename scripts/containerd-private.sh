@@ -23,6 +23,9 @@
 #                                  see config_version)
 #   CONTAINERD_KATA_SNIPPET=FILE   the CRI's kata runtimes come from FILE (a deploy snippet
 #                                  for this config version) instead of the entry written here
+#                                  (`none`: no kata runtime, a node without ours)
+#   CONTAINERD_KEEP_CONFIG=1       start with DIR/config.toml as it is when this script wrote
+#                                  it before (what an installer changed in it stays)
 #   CONTAINERD_START_TIMEOUT       seconds to wait for the socket (default 30)
 #   CONTAINERD (default containerd), CTR (default ctr): use each containerd's own ctr
 set -euo pipefail
@@ -161,81 +164,87 @@ start() {
     [ "${CONTAINERD_ENABLE_CRI:-0}" = 1 ] && mkdir -p "$cni_conf"
 
     local snippet=${CONTAINERD_KATA_SNIPPET:-}
-    [ -z "$snippet" ] || [ -f "$snippet" ] || die "CONTAINERD_KATA_SNIPPET: $snippet is not a file"
+    [ -z "$snippet" ] || [ "$snippet" = none ] || [ -f "$snippet" ] || die "CONTAINERD_KATA_SNIPPET: $snippet is not a file"
 
-    {
-        echo "$MARK"
-        echo "version = $cfgver"
-        echo "root = $(toml_str "$dir/root")"
-        echo "state = $(toml_str "$dir/state")"
-        echo "$disabled"
-        echo
-        if [ "$cfgver" -ge 4 ]; then
-            # Version 4: the listeners are server plugins, each with its own default
-            # address (the system's sockets): name ours. debug and metrics listen only
-            # where an address is given.
-            echo '[plugins."io.containerd.server.v1.grpc"]'
-            echo "  address = $(toml_str "$sock")"
+    if [ "${CONTAINERD_KEEP_CONFIG:-0}" = 1 ] && [ -f "$config" ]; then
+        head -n 1 "$config" | grep -qxF "$MARK" || die "$config was not written by this script: not starting with it"
+    else
+        {
+            echo "$MARK"
+            echo "version = $cfgver"
+            echo "root = $(toml_str "$dir/root")"
+            echo "state = $(toml_str "$dir/state")"
+            echo "$disabled"
             echo
-            echo '[plugins."io.containerd.server.v1.ttrpc"]'
-            echo "  address = $(toml_str "$sock.ttrpc")"
-            echo
-            echo "[debug]"
-            echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
-            echo
-        else
-            echo "[grpc]"
-            echo "  address = $(toml_str "$sock")"
-            echo
-            echo "[ttrpc]"
-            echo "  address = $(toml_str "$sock.ttrpc")"
-            echo
-            echo "[debug]"
-            echo '  address = ""'
-            echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
-            echo
-            echo "[metrics]"
-            echo '  address = ""'
-            echo
-        fi
-        echo '[plugins."io.containerd.internal.v1.opt"]'
-        echo "  path = $(toml_str "$dir/opt")"
-        echo
-        if [ -n "${CONTAINERD_SANDBOX_IMAGE:-}" ]; then
-            if [ "$cfgver" -ge 3 ]; then
-                echo "[plugins.\"$cri_img\".pinned_images]"
-                echo "  sandbox = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+            if [ "$cfgver" -ge 4 ]; then
+                # Version 4: the listeners are server plugins, each with its own default
+                # address (the system's sockets): name ours. debug and metrics listen only
+                # where an address is given.
+                echo '[plugins."io.containerd.server.v1.grpc"]'
+                echo "  address = $(toml_str "$sock")"
+                echo
+                echo '[plugins."io.containerd.server.v1.ttrpc"]'
+                echo "  address = $(toml_str "$sock.ttrpc")"
+                echo
+                echo "[debug]"
+                echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
+                echo
             else
-                echo "[plugins.\"$cri_img\"]"
-                echo "  sandbox_image = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+                echo "[grpc]"
+                echo "  address = $(toml_str "$sock")"
+                echo
+                echo "[ttrpc]"
+                echo "  address = $(toml_str "$sock.ttrpc")"
+                echo
+                echo "[debug]"
+                echo '  address = ""'
+                echo "  level = $(toml_str "${CONTAINERD_LOG_LEVEL:-info}")"
+                echo
+                echo "[metrics]"
+                echo '  address = ""'
+                echo
             fi
-        fi
-        echo "[plugins.\"$cri_rt\".cni]"
-        if [ "$cfgver" -ge 3 ]; then
-            echo "  bin_dirs = [$(toml_str "$cni_bin")]"
-        else
-            echo "  bin_dir = $(toml_str "$cni_bin")"
-        fi
-        echo "  conf_dir = $(toml_str "$cni_conf")"
-        # Naming any runtime replaces CRI's default map, so runc (default_runtime_name) too.
-        echo "[plugins.\"$cri_rt\".containerd.runtimes.runc]"
-        echo '  runtime_type = "io.containerd.runc.v2"'
-        if [ -n "$snippet" ]; then
+            echo '[plugins."io.containerd.internal.v1.opt"]'
+            echo "  path = $(toml_str "$dir/opt")"
             echo
-            echo "# $snippet"
-            cat -- "$snippet"
-        else
-            echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
-            echo '  runtime_type = "io.containerd.kata.v2"'
-            # As deploy/containerd/ sets it: a privileged pod gets the VM's devices.
-            echo '  privileged_without_host_devices = true'
-        fi
-        if [ -n "${CONTAINERD_EXTRA_TOML:-}" ]; then
-            echo
-            printf '%s\n' "$CONTAINERD_EXTRA_TOML"
-        fi
-    } >"$config.tmp"
-    mv -f "$config.tmp" "$config"
+            if [ -n "${CONTAINERD_SANDBOX_IMAGE:-}" ]; then
+                if [ "$cfgver" -ge 3 ]; then
+                    echo "[plugins.\"$cri_img\".pinned_images]"
+                    echo "  sandbox = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+                else
+                    echo "[plugins.\"$cri_img\"]"
+                    echo "  sandbox_image = $(toml_str "$CONTAINERD_SANDBOX_IMAGE")"
+                fi
+            fi
+            echo "[plugins.\"$cri_rt\".cni]"
+            if [ "$cfgver" -ge 3 ]; then
+                echo "  bin_dirs = [$(toml_str "$cni_bin")]"
+            else
+                echo "  bin_dir = $(toml_str "$cni_bin")"
+            fi
+            echo "  conf_dir = $(toml_str "$cni_conf")"
+            # Naming any runtime replaces CRI's default map, so runc (default_runtime_name) too.
+            echo "[plugins.\"$cri_rt\".containerd.runtimes.runc]"
+            echo '  runtime_type = "io.containerd.runc.v2"'
+            if [ "$snippet" = none ]; then
+                :
+            elif [ -n "$snippet" ]; then
+                echo
+                echo "# $snippet"
+                cat -- "$snippet"
+            else
+                echo "[plugins.\"$cri_rt\".containerd.runtimes.kata]"
+                echo '  runtime_type = "io.containerd.kata.v2"'
+                # As deploy/containerd/ sets it: a privileged pod gets the VM's devices.
+                echo '  privileged_without_host_devices = true'
+            fi
+            if [ -n "${CONTAINERD_EXTRA_TOML:-}" ]; then
+                echo
+                printf '%s\n' "$CONTAINERD_EXTRA_TOML"
+            fi
+        } >"$config.tmp"
+        mv -f "$config.tmp" "$config"
+    fi
 
     echo "=== $(date -u +%FT%TZ) $prog start (PATH=$PATH)" >>"$logfile"
     setsid nohup "$CONTAINERD" --config "$config" </dev/null >>"$logfile" 2>&1 &

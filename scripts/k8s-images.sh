@@ -48,11 +48,7 @@ echo "coredns/coredns:$COREDNS_VERSION $(basename "$file")" >>"$out/images.list"
 # tools: the default busybox image's root filesystem (its one layer) plus usock.
 base=$(awk '$1 == "e2e-test-images/busybox:1.29-2" { print $2 }' "$out/images.list")
 [ -n "$base" ] || die "no e2e-test-images/busybox:1.29-2 in $out/images.list"
-mkdir -p "$work/layout" "$work/tools"
-tar -xf "$out/$base" -C "$work/layout"
-manifest=$(jq -r '.manifests[0].digest' "$work/layout/index.json")
-layer=$(jq -r '.layers[0].digest' "$work/layout/blobs/sha256/${manifest#sha256:}")
-tar -xzf "$work/layout/blobs/sha256/${layer#sha256:}" -C "$work/tools"
+oci_unpack_layer "$out/$base" "$work/tools" "$work/layout"
 mkdir -p "$work/tools/usr/local/bin"
 "$CC" -static -Os -s -Wall -Wextra -Werror -o "$work/tools/usr/local/bin/usock" "$here/k8s-usock.c" ||
     die "compiling k8s-usock.c failed"

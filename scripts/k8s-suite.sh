@@ -24,7 +24,9 @@
 #   - the RuntimeClasses of deploy/kubernetes/runtimeclass.yaml, applied as users do, and
 #     `runc`.
 # Then the cases run, K8S_JOBS at a time, each in a namespace of its own per RuntimeClass;
-# the node-wide ones (kubelet and containerd restarts) alone at the end. The summary is a
+# the node-wide ones (kubelet and containerd restarts) alone at the end, then the Helm
+# chart's install, upgrade and uninstall on the node made one without our runtime
+# (tests/k8s/helm.sh). The summary is a
 # table case x runc x kata; the run fails when a case fails with kata that passes with runc
 # and tests/k8s-kata-expected-failures.txt does not list it with its reason, or when a case
 # fails with runc (a broken case). Everything is undone at the end, also on failure, and
@@ -162,6 +164,8 @@ cleanup() {
             k delete ns "$ns" --wait=false >/dev/null 2>&1
         done
         k -n kube-system delete deploy coredns --wait=false >/dev/null 2>&1
+        # A DaemonSet left by a failed case (the Helm chart's installer) would recreate its pods.
+        k delete daemonsets --all -A --wait=false >/dev/null 2>&1
         k delete pods --all -A --wait=false >/dev/null 2>&1
         # kubelet stops each pod's containers and its sandbox (a kata pod's VM with it).
         for _ in $(seq 90); do
@@ -310,10 +314,12 @@ if (( (16#$capeff >> 24 & 1) == 0 )); then
   restrict_oom_score_adj = true"
 fi
 STARTED_CONTAINERD=1
+# Env: KATA_SNIPPET=none (no kata runtime), CONTAINERD_KEEP_CONFIG=1 (the config as it is:
+# the Helm chart's installer has changed it), see containerd-private.sh.
 start_containerd() {
     SOCK=$(CONTAINERD_ENABLE_CRI=1 CONTAINERD_SANDBOX_IMAGE=localhost/kata-e2e-pause:latest \
         CONTAINERD_CNI_CONF_DIR="$WORK/cni/net.d" CONTAINERD_EXTRA_TOML="$extra" \
-        CONTAINERD_KATA_SNIPPET="$WORK/kata-runtimes.toml" \
+        CONTAINERD_KATA_SNIPPET="${KATA_SNIPPET:-$WORK/kata-runtimes.toml}" \
         bash "$here/containerd-private.sh" start "$CD_DIR")
 }
 start_containerd
@@ -561,4 +567,6 @@ fi
 export NODE NODE_IP WORK LOG_DIR SOCK K8S_BIN CD_DIR
 # shellcheck source=../tests/k8s/cases.sh
 . "$repo/tests/k8s/cases.sh"
+# shellcheck source=../tests/k8s/helm.sh
+. "$repo/tests/k8s/helm.sh"
 run_suite

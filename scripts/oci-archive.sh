@@ -1,5 +1,6 @@
-# Sourced by the image scripts (busybox-image.sh, pause-image.sh): writes a one-layer OCI
-# image layout archive from a root filesystem directory, deterministically (fixed mtime
+# Sourced by the image scripts (busybox-image.sh, pause-image.sh, k8s-images.sh,
+# kata-deploy-image.sh, ...): writes a one-layer OCI image layout archive from a root
+# filesystem directory, deterministically (fixed mtime
 # SOURCE_DATE_EPOCH, root-owned, sorted, gzip -n), so the same files give the same bytes
 # and digests. Needs tar, gzip, sha256sum, jq.
 #
@@ -89,4 +90,15 @@ oci_archive() {
     rm -rf "$work"
     OCI_MANIFEST_DIGEST="sha256:${manifest% *}"
     OCI_DIFF_ID="sha256:$diff_id"
+}
+
+# Unpacks the (first) layer of the OCI archive ARCHIVE into DIR, using SCRATCH (removed).
+oci_unpack_layer() { # ARCHIVE DIR SCRATCH
+    local manifest layer
+    mkdir -p "$3" "$2"
+    tar -xf "$1" -C "$3"
+    manifest=$(jq -r '.manifests[0].digest' "$3/index.json")
+    layer=$(jq -r '.layers[0].digest' "$3/blobs/sha256/${manifest#sha256:}")
+    tar -xzf "$3/blobs/sha256/${layer#sha256:}" -C "$2"
+    rm -rf "$3"
 }

@@ -494,3 +494,150 @@ fn templates_are_refused_with_the_reason_and_the_alternative() {
         "{e}"
     );
 }
+
+/// A configuration file with drop-ins in a directory of its own, removed on drop.
+struct DropInDir(PathBuf);
+
+impl DropInDir {
+    fn new(name: &str, main: &str, drop_ins: &[(&str, &str)]) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("kata-config-dropin-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join(DROP_IN_DIR)).unwrap();
+        std::fs::write(dir.join("configuration.toml"), main).unwrap();
+        for (file, text) in drop_ins {
+            std::fs::write(dir.join(DROP_IN_DIR).join(file), text).unwrap();
+        }
+        Self(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("configuration.toml")
+    }
+
+    fn drop_in(&self, name: &str) -> PathBuf {
+        self.0.join(DROP_IN_DIR).join(name)
+    }
+}
+
+impl Drop for DropInDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn drop_ins_apply_in_name_order_over_the_file() {
+    let d = DropInDir::new(
+        "order",
+        "[hypervisor.qemu]\ndefault_vcpus = 2\ndefault_memory = 1024\n",
+        &[
+            // Written out of order: the names decide.
+            (
+                "20-later.toml",
+                "[hypervisor.qemu]\ndefault_memory = 2048\n",
+            ),
+            (
+                "10-first.toml",
+                "[hypervisor.qemu]\ndefault_memory = 768\nkernel = \"/opt/kata/vmlinux\"\n",
+            ),
+            ("notes.txt", "not toml, not read"),
+            (".10-first.toml.swp", "not read"),
+        ],
+    );
+    let (c, layers) = Config::load_layers(&d.file()).unwrap();
+    assert_eq!(c.hypervisor.qemu.default_memory, 2048);
+    assert_eq!(c.hypervisor.qemu.default_vcpus, 2, "the file's key stays");
+    assert_eq!(c.hypervisor.qemu.kernel, PathBuf::from("/opt/kata/vmlinux"));
+    assert_eq!(c.origin, d.file());
+    let paths: Vec<_> = layers.iter().map(|l| l.path.clone()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            d.file(),
+            d.drop_in("10-first.toml"),
+            d.drop_in("20-later.toml")
+        ]
+    );
+    assert_eq!(
+        Config::load_from(&d.file())
+            .unwrap()
+            .hypervisor
+            .qemu
+            .default_memory,
+        2048
+    );
+}
+
+#[test]
+fn no_drop_in_dir_is_the_file_alone() {
+    let d = DropInDir::new("none", "[hypervisor.qemu]\ndefault_vcpus = 3\n", &[]);
+    std::fs::remove_dir(d.0.join(DROP_IN_DIR)).unwrap();
+    let (c, layers) = Config::load_layers(&d.file()).unwrap();
+    assert_eq!(c.hypervisor.qemu.default_vcpus, 3);
+    assert_eq!(layers.len(), 1);
+}
+
+#[test]
+fn a_drop_in_with_an_unknown_key_fails_naming_it() {
+    let d = DropInDir::new(
+        "unknown",
+        "",
+        &[("50-op.toml", "[hypervisor.qemu]\ndefault_vcpu = 2\n")],
+    );
+    let msg = Config::load_from(&d.file()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&d.drop_in("50-op.toml").display().to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains("default_vcpu"), "{msg}");
+}
+
+#[test]
+fn a_drop_in_with_a_bad_value_fails_naming_it() {
+    let d = DropInDir::new(
+        "bad",
+        "[hypervisor.qemu]\naccelerator = \"tcg\"\n",
+        &[
+            ("10-ok.toml", "[hypervisor.qemu]\ndefault_vcpus = 2\n"),
+            ("20-bad.toml", "[hypervisor.qemu]\naccelerator = \"fast\"\n"),
+        ],
+    );
+    let msg = Config::load_from(&d.file()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&d.drop_in("20-bad.toml").display().to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains("hypervisor.qemu.accelerator"), "{msg}");
+    // A wrong type and broken TOML too.
+    let d = DropInDir::new(
+        "type",
+        "",
+        &[(
+            "10-type.toml",
+            "[hypervisor.qemu]\ndefault_vcpus = \"two\"\n",
+        )],
+    );
+    let msg = Config::load_from(&d.file()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&d.drop_in("10-type.toml").display().to_string()),
+        "{msg}"
+    );
+    let d = DropInDir::new("syntax", "", &[("10-broken.toml", "[hypervisor.qemu\n")]);
+    let msg = Config::load_from(&d.file()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&d.drop_in("10-broken.toml").display().to_string()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_bad_main_file_is_named_before_its_drop_ins() {
+    let d = DropInDir::new(
+        "main",
+        "[hypervisor.qemu]\ndefault_vcpus = 0\n",
+        &[("10-ok.toml", "[hypervisor.qemu]\ndefault_memory = 1024\n")],
+    );
+    let msg = Config::load_from(&d.file()).unwrap_err().to_string();
+    assert!(msg.starts_with(&d.file().display().to_string()), "{msg}");
+}

@@ -1,9 +1,10 @@
 //! The effective configuration: which `configuration.toml` applies (`--config`, then
 //! kata-config's lookup order), every key's value, and where each came from: the file,
-//! or the built-in default when the file leaves the key out.
+//! or one of its drop-ins (`config.d/*.toml`, the last that sets a key wins), or the
+//! built-in default when none sets the key.
 //!
-//! kata-config's model keeps only values, so the keys the file sets are read from the raw
-//! TOML alongside it. [`settings`] lists every key of the model; a unit test checks the
+//! kata-config's model keeps only values, so the keys each file sets are read from its raw
+//! TOML (kata-config's layers). [`settings`] lists every key of the model; a unit test checks the
 //! list against the shipped `configuration.toml`, so a new key cannot be forgotten here.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use kata_config::{Choice, Config};
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
-    /// Set in this file.
+    /// Set in this file (the configuration file or a drop-in).
     File(PathBuf),
     /// Left out of the file (or no file): the built-in default.
     Default,
@@ -48,8 +49,9 @@ pub struct Effective {
     pub config: Config,
     /// Why the file could not be found or loaded.
     pub error: Option<kata_config::Error>,
-    /// The file's own TOML (empty when it could not be loaded).
-    raw: toml::Table,
+    /// The file and its drop-ins with their own TOML, in the order they applied (none
+    /// when the file could not be loaded).
+    layers: Vec<kata_config::Layer>,
 }
 
 impl Effective {
@@ -71,19 +73,13 @@ impl Effective {
             Ok(path) => path,
             Err(e) => return Self::defaults(None, chosen_by, e),
         };
-        let loaded = Config::load_from(&path).map(|config| {
-            // Config::load_from has just read and parsed this very text.
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let raw = toml::from_str::<toml::Table>(&text).unwrap_or_default();
-            (config, raw)
-        });
-        match loaded {
-            Ok((config, raw)) => Self {
+        match Config::load_layers(&path) {
+            Ok((config, layers)) => Self {
                 path: Some(path),
                 chosen_by,
                 config,
                 error: None,
-                raw,
+                layers,
             },
             Err(e) => Self::defaults(Some(path), chosen_by, e),
         }
@@ -95,21 +91,25 @@ impl Effective {
             chosen_by,
             config: Config::defaults(),
             error: Some(error),
-            raw: toml::Table::new(),
+            layers: Vec::new(),
         }
+    }
+
+    /// The drop-ins that applied over the file, in order.
+    pub fn drop_ins(&self) -> impl Iterator<Item = &Path> {
+        self.layers.iter().skip(1).map(|l| l.path.as_path())
     }
 
     /// Every key with its value and source.
     pub fn settings(&self) -> Vec<Setting> {
-        let file = self.path.clone().filter(|_| self.error.is_none());
         settings(&self.config)
             .into_iter()
             .map(|(key, value)| Setting {
                 key,
                 value,
-                source: match &file {
-                    Some(path) if is_set(&self.raw, key) => Source::File(path.clone()),
-                    _ => Source::Default,
+                source: match self.layers.iter().rev().find(|l| is_set(&l.table, key)) {
+                    Some(layer) => Source::File(layer.path.clone()),
+                    None => Source::Default,
                 },
             })
             .collect()
@@ -339,6 +339,63 @@ mod tests {
         );
         assert_eq!(get("hypervisor.builtin.default_memory").value, int(512));
         assert_eq!(Source::Default.describe(), "default");
+    }
+
+    #[test]
+    fn keys_a_drop_in_sets_come_from_the_last_drop_in_setting_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("configuration.toml");
+        std::fs::write(
+            &file,
+            "[hypervisor.qemu]\ndefault_memory = 256\ndefault_vcpus = 2\n",
+        )
+        .unwrap();
+        let d = dir.path().join(kata_config::DROP_IN_DIR);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(
+            d.join("10-install.toml"),
+            "[hypervisor.qemu]\nkernel = \"/opt/kata/vmlinux\"\ndefault_memory = 300\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("50-operator.toml"),
+            "[hypervisor.qemu]\ndefault_memory = 384\n",
+        )
+        .unwrap();
+        let eff = Effective::load(Some(&file));
+        assert!(eff.error.is_none(), "{:?}", eff.error);
+        assert_eq!(
+            eff.drop_ins().collect::<Vec<_>>(),
+            vec![d.join("10-install.toml"), d.join("50-operator.toml")]
+        );
+        let settings = eff.settings();
+        let get = |key: &str| settings.iter().find(|s| s.key == key).unwrap().clone();
+        assert_eq!(get("hypervisor.qemu.default_memory").value, int(384));
+        assert_eq!(
+            get("hypervisor.qemu.default_memory").source,
+            Source::File(d.join("50-operator.toml"))
+        );
+        assert_eq!(
+            get("hypervisor.qemu.kernel").source,
+            Source::File(d.join("10-install.toml"))
+        );
+        assert_eq!(
+            get("hypervisor.qemu.default_vcpus").source,
+            Source::File(file)
+        );
+        assert_eq!(get("hypervisor.qemu.path").source, Source::Default);
+        // A bad drop-in: the error names it, as a bad file's does.
+        std::fs::write(
+            d.join("60-bad.toml"),
+            "[hypervisor.qemu]\naccelerator = \"fast\"\n",
+        )
+        .unwrap();
+        let eff = Effective::load(Some(&dir.path().join("configuration.toml")));
+        let err = eff.error.as_ref().unwrap().to_string();
+        assert!(
+            err.contains("60-bad.toml") && err.contains("accelerator"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -136,6 +136,8 @@ struct Host {
 struct ConfigEnv {
     path: String,
     chosen_by: &'static str,
+    /// The drop-ins (`config.d/*.toml`) applied over the file, in order.
+    drop_ins: Vec<String>,
     error: String,
     /// Every key: its value and where it came from (written by hand in TOML, see
     /// [`Env::to_toml`]).
@@ -296,6 +298,7 @@ pub fn gather(eff: &Effective, containerd_config: &Path) -> Env {
         config: ConfigEnv {
             path: eff.path.as_deref().map(shown).unwrap_or_default(),
             chosen_by: eff.chosen_by,
+            drop_ins: eff.drop_ins().map(shown).collect(),
             error: eff
                 .error
                 .as_ref()
