@@ -18,6 +18,7 @@ mod log;
 mod metrics;
 mod mount;
 mod network;
+mod oom_kill;
 mod options;
 mod persist;
 mod pooled;
