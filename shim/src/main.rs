@@ -11,6 +11,7 @@ mod command;
 mod container;
 mod events;
 mod factory;
+mod full_disk;
 mod io;
 mod kubelet_volume;
 mod launch;

@@ -39,9 +39,6 @@ use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
 
-/// Per-sandbox directory of the VMM's sockets and logs.
-pub const VM_RUN_ROOT: &str = "/run/vc/vm";
-
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("preparing the shared directory for the VM: {0}")]
@@ -175,7 +172,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
-    let run_dir = format!("{}/", Path::new(VM_RUN_ROOT).join(state.vm_id()).display());
+    let run_dir = format!("{}/", persist::vm_run_root().join(state.vm_id()).display());
     for pid in hypervisor::process::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
@@ -255,7 +252,7 @@ impl Sandbox {
             }
         }
         let shared = SharedDirs::for_sandbox(id);
-        let run_dir = Path::new(VM_RUN_ROOT).join(id);
+        let run_dir = persist::vm_run_root().join(id);
         let mut progress = Progress {
             state: SandboxState {
                 sandbox_id: id.to_string(),

@@ -1,0 +1,176 @@
+//! Full file systems: the sandbox's state and run directories (`/run/vc`) full at create
+//! fail the create with a message naming the file system and what is full, and leave
+//! nothing; a running sandbox whose logs can no longer be written keeps running and
+//! answering, says so once, and is removed whole.
+//!
+//! The host's `/run/vc` is never filled (other tests run beside these): each case points
+//! its shims' state roots at a small tmpfs of its own with `KATA_TEST_RUN_VC`, which
+//! containerd passes on to the shims it starts. About 25 s: one boot, one failed create.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_tests::*;
+
+/// A small tmpfs of the test's own, unmounted (lazily, whatever still holds it) and
+/// removed when dropped. Declare it before the [`Containerd`], which then stops first.
+struct Tmpfs {
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(name: &str, size: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-fs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating the tmpfs mount point");
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs on {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+
+    /// Fills the file system: a file grows until the kernel answers ENOSPC.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.join("fill")).expect("creating the filler");
+        let chunk = vec![0u8; 4096];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", self.dir.display()),
+            }
+        }
+    }
+
+    /// What of sandbox `id` is on the file system: its state and run directories.
+    fn entries_of(&self, id: &str) -> Vec<String> {
+        ["sbs", "vm"]
+            .iter()
+            .map(|root| self.dir.join(root).join(id))
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect()
+    }
+
+    fn env(&self) -> [(&'static str, String); 1] {
+        [("KATA_TEST_RUN_VC", self.dir.display().to_string())]
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn containerd_on(name: &str, fs: &Tmpfs) -> Containerd {
+    let env = fs.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Containerd::start_with_env(name, &RuntimeConfig::qemu(), &env)
+}
+
+fn assert_nothing_on(fs: &Tmpfs, id: &str) {
+    let left = poll(Duration::from_secs(15), Duration::from_millis(100), || {
+        fs.entries_of(id).is_empty().then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "sandbox {id} left on the test's run root: {:?}",
+        fs.entries_of(id)
+    );
+}
+
+#[test]
+fn a_full_run_vc_fails_the_create_naming_it_and_leaves_nothing() {
+    let id = "full-state";
+    let _cleanup = SandboxCleanup::new(id);
+    let fs = Tmpfs::mount("full-state", "1m");
+    fs.fill();
+    let c = containerd_on("full-state", &fs);
+    let out = c.run(id, &["--rm"], &["true"]);
+    assert!(!out.status.success(), "the create succeeded on a full disk");
+    let err = stderr(&out);
+    eprintln!("ctr run: {err}");
+    let state = fs.dir.join("sbs").join(id);
+    for want in [
+        format!(
+            "the sandbox state {} is on a full file system",
+            state.display()
+        ),
+        format!("(mounted at {})", fs.dir.display()),
+        "no space (0 KiB of 1024 KiB free)".to_string(),
+        "free space or inodes there".to_string(),
+    ] {
+        assert!(
+            err.contains(&want),
+            "{want:?} missing from: {err}\n{}",
+            c.log_tail()
+        );
+    }
+    assert_nothing_left(id, None);
+    assert_nothing_on(&fs, id);
+    let _ = c.ctr(&["container", "rm", id]);
+}
+
+#[test]
+fn a_running_sandbox_whose_logs_hit_a_full_disk_keeps_answering() {
+    let id = "full-logs";
+    let _cleanup = SandboxCleanup::new(id);
+    let fs = Tmpfs::mount("full-logs", "64m");
+    let c = containerd_on("full-logs", &fs);
+    start_detached(&c, id, &[], &["sh", "-c", "while :; do sleep 1; done"]);
+    let console = fs.dir.join("vm").join(id).join("console.log");
+    assert!(console.exists(), "no {}", console.display());
+    let offset = c.log_len();
+    fs.fill();
+    // With debug on (the tests' configuration), the agent logs each request on the guest
+    // console, which can no longer be written.
+    for i in 0..3 {
+        let out = exec(&c, id, &format!("e{i}"), &[], &["echo", "alive"]);
+        assert!(
+            out.status.success(),
+            "exec: {}\n{}",
+            stderr(&out),
+            c.log_tail()
+        );
+        assert_eq!(stdout(&out), "alive\n");
+    }
+    let said = poll(Duration::from_secs(10), Duration::from_millis(200), || {
+        let log = c.log_since(offset);
+        log.contains("cannot write the log of the guest console")
+            .then_some(log)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the shim did not say the console log failed:\n{}",
+            c.log_tail()
+        )
+    });
+    assert_eq!(
+        said.matches("cannot write the log of the guest console")
+            .count(),
+        1,
+        "said more than once:\n{said}"
+    );
+    assert!(said.contains(&console.display().to_string()), "{said}");
+    remove_detached(&c, id);
+    assert_nothing_left(id, None);
+    assert_nothing_on(&fs, id);
+}
