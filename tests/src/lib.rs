@@ -122,7 +122,7 @@ impl Containerd {
     }
 
     /// The directory of the private containerd of test `name`.
-    pub(crate) fn dir_for(name: &str) -> PathBuf {
+    pub fn dir_for(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()))
     }
 

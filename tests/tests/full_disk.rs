@@ -1,11 +1,12 @@
-//! Full file systems: the sandbox's state and run directories (`/run/vc`) full at create
-//! fail the create with a message naming the file system and what is full, and leave
+//! Full file systems: the sandbox's state and run directories (`/run/vc`) or containerd's
+//! state directory (the bundle) full at create fail the create with a message naming the file system and what is full, and leave
 //! nothing; a running sandbox whose logs can no longer be written keeps running and
 //! answering, says so once, and is removed whole.
 //!
 //! The host's `/run/vc` is never filled (other tests run beside these): each case points
 //! its shims' state roots at a small tmpfs of its own with `KATA_TEST_RUN_VC`, which
-//! containerd passes on to the shims it starts. About 25 s: one boot, one failed create.
+//! containerd passes on to the shims it starts; containerd's state directory is a tmpfs
+//! of its private instance. About 15 s in all: one boot, two failed creates.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,6 +23,10 @@ struct Tmpfs {
 impl Tmpfs {
     fn mount(name: &str, size: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("kata-e2e-{name}-fs-{}", std::process::id()));
+        Self::mount_at(dir, size)
+    }
+
+    fn mount_at(dir: PathBuf, size: &str) -> Self {
         std::fs::create_dir_all(&dir).expect("creating the tmpfs mount point");
         let out = Command::new("mount")
             .args([
@@ -58,6 +63,17 @@ impl Tmpfs {
         }
     }
 
+    /// Frees `bytes` of the filler again.
+    fn free(&self, bytes: u64) {
+        let f = self.dir.join("fill");
+        let len = std::fs::metadata(&f).expect("the filler").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .and_then(|f| f.set_len(len.saturating_sub(bytes)))
+            .expect("shrinking the filler");
+    }
+
     /// What of sandbox `id` is on the file system: its state and run directories.
     fn entries_of(&self, id: &str) -> Vec<String> {
         ["sbs", "vm"]
@@ -75,7 +91,12 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        // containerd's own stop may have unmounted it already.
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .stderr(std::process::Stdio::null())
+            .status();
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -173,4 +194,45 @@ fn a_running_sandbox_whose_logs_hit_a_full_disk_keeps_answering() {
     remove_detached(&c, id);
     assert_nothing_left(id, None);
     assert_nothing_on(&fs, id);
+}
+
+/// containerd's state directory (where it makes each container's bundle) full: with
+/// room for containerd's own bundle files (config.json takes one page) but not for the
+/// shim's, start fails naming the bundle's file system, and nothing is left, neither
+/// of the sandbox nor in the bundle.
+#[test]
+fn a_full_containerd_state_dir_fails_the_start_naming_it_and_leaves_nothing() {
+    let id = "full-bundle";
+    let _cleanup = SandboxCleanup::new(id);
+    let name = "full-bundle";
+    let fs = Tmpfs::mount_at(Containerd::dir_for(name).join("state"), "1m");
+    let c = Containerd::start(name);
+    fs.fill();
+    fs.free(4096);
+    let out = c.run(id, &["--rm"], &["true"]);
+    assert!(!out.status.success(), "the create succeeded on a full disk");
+    let err = stderr(&out);
+    eprintln!("ctr run: {err}");
+    for want in [
+        "writing the bundle's address".to_string(),
+        format!("is on a full file system (mounted at {})", fs.dir.display()),
+        "free space or inodes there".to_string(),
+    ] {
+        assert!(
+            err.contains(&want),
+            "{want:?} missing from: {err}\n{}",
+            c.log_tail()
+        );
+    }
+    assert_nothing_left(id, None);
+    let _ = c.ctr(&["container", "rm", id]);
+    let bundles = fs.dir.join("io.containerd.runtime.v2.task/default");
+    let left = poll(Duration::from_secs(10), Duration::from_millis(100), || {
+        (!bundles.join(id).exists()).then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "the bundle {} is left",
+        bundles.join(id).display()
+    );
 }
