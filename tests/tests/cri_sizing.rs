@@ -233,7 +233,7 @@ fn termination_message_file(c: &CriContainerd, pod: &Pod, name: &str) -> std::pa
     file
 }
 
-/// About 45 s: one boot, the guest filling 200 MiB under TCG.
+/// About 10 s: one boot, the guest filling 200 MiB under TCG until QEMU is killed.
 #[test]
 fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so() {
     let c = cri("small-cgroup");
