@@ -6,7 +6,7 @@
 //! The host's `/run/vc` is never filled (other tests run beside these): each case points
 //! its shims' state roots at a small tmpfs of its own with `KATA_TEST_RUN_VC`, which
 //! containerd passes on to the shims it starts; containerd's state directory is a tmpfs
-//! of its private instance. About 15 s in all: one boot, two failed creates.
+//! of its private instance. About 20 s in all.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -61,6 +61,17 @@ impl Tmpfs {
                 Err(e) => panic!("filling {}: {e}", self.dir.display()),
             }
         }
+    }
+
+    /// Gives the file system `n` inodes in all (its root directory takes one); false
+    /// when it holds more already.
+    fn limit_inodes(&self, n: u32) -> bool {
+        Command::new("mount")
+            .args(["-o", &format!("remount,nr_inodes={n}")])
+            .arg(&self.dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// Frees `bytes` of the filler again.
@@ -148,6 +159,60 @@ fn a_full_run_vc_fails_the_create_naming_it_and_leaves_nothing() {
     assert_nothing_left(id, None);
     assert_nothing_on(&fs, id);
     let _ = c.ctr(&["container", "rm", id]);
+}
+
+/// Every file and directory a create makes in the run root, one after the other, is
+/// the one that finds no inode: each time the create fails saying the file system is
+/// full and leaves nothing, until there are inodes enough and it runs (18 such steps
+/// with QEMU: state, run directory, helpers' logs, pid files and sockets). About 8 s.
+#[test]
+fn each_write_of_a_create_on_a_full_run_root_fails_it_cleanly() {
+    let id = "full-inodes";
+    let _cleanup = SandboxCleanup::new(id);
+    let fs = Tmpfs::mount("full-inodes", "64m");
+    let c = containerd_on("full-inodes", &fs);
+    let mut failures = Vec::new();
+    let mut ran = false;
+    for n in 2..64 {
+        if !fs.limit_inodes(n) {
+            continue;
+        }
+        let out = c.run(id, &["--rm"], &["true"]);
+        if out.status.success() {
+            eprintln!("{n} inodes: the sandbox ran");
+            ran = true;
+            break;
+        }
+        let err = stderr(&out);
+        let step = err
+            .split(": No space left on device")
+            .next()
+            .unwrap_or(&err)
+            .rsplit("full-inodes: ")
+            .next()
+            .unwrap_or("")
+            .to_string();
+        eprintln!("{n} inodes: {step}");
+        assert!(
+            err.contains(&format!(
+                "is on a full file system (mounted at {})",
+                fs.dir.display()
+            )) && err.contains("no inodes ("),
+            "with {n} inodes: {err}\n{}",
+            c.log_tail()
+        );
+        assert_nothing_left(id, None);
+        assert_nothing_on(&fs, id);
+        let _ = c.ctr(&["container", "rm", id]);
+        failures.push(step);
+    }
+    assert!(ran, "the sandbox never ran: {failures:?}");
+    assert!(
+        failures.len() >= 3,
+        "too few steps failed on a full run root: {failures:?}"
+    );
+    assert_nothing_left(id, None);
+    assert_nothing_on(&fs, id);
 }
 
 #[test]
