@@ -660,6 +660,22 @@ impl Sandbox {
     /// tests run without root.
     #[cfg(test)]
     pub fn for_test(id: &str, agent: Arc<dyn Agent>, shared: SharedDirs) -> Arc<Sandbox> {
+        Self::for_test_in(id, agent, shared, &[])
+    }
+
+    /// [`Sandbox::for_test`] whose host cgroup is `cgroup_dirs` (test trees of cgroup
+    /// files), for the host OOM killer's counters.
+    #[cfg(test)]
+    pub fn for_test_in(
+        id: &str,
+        agent: Arc<dyn Agent>,
+        shared: SharedDirs,
+        cgroup_dirs: &[PathBuf],
+    ) -> Arc<Sandbox> {
+        let oom_watch = oom_kill::MemoryCgroup::among(cgroup_dirs).map(|cg| {
+            let before = cg.oom_kills();
+            (cg, before)
+        });
         Arc::new(Sandbox {
             state: Mutex::new(SandboxState {
                 sandbox_id: id.to_string(),
@@ -677,8 +693,11 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: cgroup::HostCgroup::default(),
-            oom_watch: None,
-            pod_memory: oom_kill::PodMemory::default(),
+            oom_watch,
+            pod_memory: oom_kill::PodMemory {
+                vm_mib: 358,
+                limits_bytes: 256 << 20,
+            },
             oom_reason: std::sync::OnceLock::new(),
             host_mounts: Box::new(crate::container::DirsOnly),
             log: hypervisor::discard_logger(),
