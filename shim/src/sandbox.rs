@@ -657,14 +657,8 @@ impl Sandbox {
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests:
     /// containers' mounts are only directories ([`crate::container::DirsOnly`]), so the
-    /// tests run without root.
-    #[cfg(test)]
-    pub fn for_test(id: &str, agent: Arc<dyn Agent>, shared: SharedDirs) -> Arc<Sandbox> {
-        Self::for_test_in(id, agent, shared, &[])
-    }
-
-    /// [`Sandbox::for_test`] whose host cgroup is `cgroup_dirs` (test trees of cgroup
-    /// files), for the host OOM killer's counters.
+    /// tests run without root. Its host cgroup is `cgroup_dirs` (test trees of cgroup
+    /// files, for the host OOM killer's counters; none: no cgroup).
     #[cfg(test)]
     pub fn for_test_in(
         id: &str,
