@@ -137,9 +137,9 @@ fn mib(bytes: u64) -> u64 {
 }
 
 /// Why the pod's containers ended, for the shim's log, each container's termination
-/// message and the exit kubelet shows. `vmm` names the killed process
+/// message and the exit kubelet shows. `victim` names the killed process
 /// (`the VMM qemu-system-x86 (pid 812)`).
-pub fn reason(kill: &OomKill, vmm: &str, pod: &PodMemory) -> String {
+pub fn reason(kill: &OomKill, victim: &str, pod: &PodMemory) -> String {
     let needed = pod.vm_mib + VMM_HOST_OVERHEAD_MIB;
     let vm = format!(
         "the VM needs about {needed} MiB on the host ({} MiB of guest memory + about \
@@ -157,30 +157,28 @@ pub fn reason(kill: &OomKill, vmm: &str, pod: &PodMemory) -> String {
             };
             format!(
                 "the pod's cgroup {cgroup} is too small for its VM: the host kernel's OOM killer \
-                 killed {vmm} at the cgroup's memory limit of {limit} MiB; {vm}, and the \
+                 killed {victim} at the cgroup's memory limit of {limit} MiB; {vm}, and the \
                  containers' memory limits add up to {limits} MiB, so the pod's overhead must \
                  be at least {overhead} MiB ({now}): set the RuntimeClass's \
                  overhead.podFixed.memory to {overhead}Mi or more"
             )
         }
         None => format!(
-            "the host ran out of memory and its OOM killer killed {vmm} (the pod's cgroup has \
+            "the host ran out of memory and its OOM killer killed {victim} (the pod's cgroup has \
              no memory limit); {vm}: give the pod memory limits and the RuntimeClass \
              overhead.podFixed.memory of at least {overhead}Mi, so that the node reserves it"
         ),
     }
 }
 
-/// Whether the watchdog's `cause` is the VMM killed by SIGKILL (what the OOM killer sends).
-pub fn vmm_sigkilled(cause: &str) -> bool {
-    cause.starts_with("the VMM ") && cause.ends_with("was killed by signal 9")
-}
-
-/// The VMM part of the watchdog's cause: `the VMM qemu (pid 7)`.
-pub fn vmm_of(cause: &str) -> &str {
-    cause
-        .strip_suffix(" was killed by signal 9")
-        .unwrap_or(cause)
+/// Who the OOM killer killed, from the watchdog's `cause`: the process it names when
+/// that was killed by SIGKILL (`the VMM qemu (pid 7)`), else a process of the sandbox,
+/// with the cause (the killed one may not have been the first to end).
+pub fn victim(cause: &str) -> String {
+    match cause.strip_suffix(" was killed by signal 9") {
+        Some(killed) => killed.to_string(),
+        None => format!("a process of the sandbox (then {cause})"),
+    }
 }
 
 /// The host file of kubelet's termination message among a container's OCI `spec` mounts:
@@ -299,16 +297,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_sigkilled_vmm_is_an_oom_suspect() {
-        assert!(vmm_sigkilled("the VMM qemu (pid 7) was killed by signal 9"));
+    fn the_victim_is_the_process_killed_by_sigkill() {
         assert_eq!(
-            vmm_of("the VMM qemu (pid 7) was killed by signal 9"),
+            victim("the VMM qemu (pid 7) was killed by signal 9"),
             "the VMM qemu (pid 7)"
         );
-        assert!(!vmm_sigkilled("the VMM qemu (pid 7) exited with status 0"));
-        assert!(!vmm_sigkilled(
-            "helper virtiofsd (pid 8) was killed by signal 9"
-        ));
+        assert_eq!(
+            victim("helper virtiofsd (pid 8) exited with status 0"),
+            "a process of the sandbox (then helper virtiofsd (pid 8) exited with status 0)"
+        );
     }
 
     #[test]

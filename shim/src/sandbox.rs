@@ -767,7 +767,7 @@ impl Sandbox {
             .unwrap_or_default();
         let cause = match self.oom_killed(cause) {
             Some(reason) => {
-                error!(self.log, "the host's OOM killer killed the VMM: {reason}";
+                error!(self.log, "the host's OOM killer ended the sandbox's VM: {reason}";
                     "cgroup_oom" => true);
                 let _ = self.oom_reason.set(reason.clone());
                 reason
@@ -783,17 +783,14 @@ impl Sandbox {
         self.stop_vm().await;
     }
 
-    /// The reason the VM ended when `cause` is the VMM killed by SIGKILL and the
-    /// sandbox's memory cgroup counted an OOM kill since the VM ran.
+    /// The reason the VM ended when the sandbox's memory cgroup counted an OOM kill
+    /// since the VM ran (the VMM killed, or a helper, whichever ended first).
     fn oom_killed(&self, cause: &str) -> Option<String> {
-        if !oom_kill::vmm_sigkilled(cause) {
-            return None;
-        }
         let (cg, before) = self.oom_watch.as_ref()?;
         let kill = cg.kill_since(*before)?;
         Some(oom_kill::reason(
             &kill,
-            oom_kill::vmm_of(cause),
+            &oom_kill::victim(cause),
             &self.pod_memory,
         ))
     }

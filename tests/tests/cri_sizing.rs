@@ -236,9 +236,23 @@ fn termination_message_file(c: &CriContainerd, pod: &Pod, name: &str) -> std::pa
 /// About 10 s: one boot, the guest filling 200 MiB under TCG until QEMU is killed.
 #[test]
 fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so() {
-    let c = cri("small-cgroup");
+    pod_cgroup_too_small(&cri("small-cgroup"));
+}
+
+/// The same through containerd 2.3's CRI, the one kubelet drives in the Kubernetes
+/// suite. About 10 s.
+#[test]
+fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so_on_containerd_2_3() {
+    pod_cgroup_too_small(&CriContainerd::start_version(
+        "size-small-cgroup-23",
+        Handler::Kata,
+        "2.3",
+    ));
+}
+
+fn pod_cgroup_too_small(c: &CriContainerd) {
     let limit = 256 * MIB;
-    let pod = c.run_pod(sized_pod(&c, "small", 100_000, limit));
+    let pod = c.run_pod(sized_pod(c, "small", 100_000, limit));
     let vmm = pid_of(&pod.id, Part::Vmm).expect("the pod's VMM");
     // kubelet's limit with an overhead far below the VM's cost: what the booted VM uses
     // now and 40 MiB more, which the guest passes as soon as it fills its memory.
@@ -251,9 +265,9 @@ fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so() {
     std::fs::write(cg.join("memory.limit_in_bytes"), cap.to_string())
         .expect("limiting the pod's host cgroup as kubelet does");
 
-    let message = termination_message_file(&c, &pod, "hog");
+    let message = termination_message_file(c, &pod, "hog");
     let mut hog = limited(
-        &c,
+        c,
         &pod,
         "hog",
         limit,
@@ -297,7 +311,7 @@ fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so() {
     }
     let log = c.containerd().log();
     assert!(
-        log.contains("the host's OOM killer killed the VMM"),
+        log.contains("the host's OOM killer ended the sandbox's VM"),
         "the shim's log does not say so:\n{}",
         c.log_tail()
     );
