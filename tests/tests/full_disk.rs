@@ -118,6 +118,11 @@ fn containerd_on(name: &str, fs: &Tmpfs) -> Containerd {
     Containerd::start_with_env(name, &RuntimeConfig::qemu(), &env)
 }
 
+/// The `linux.cgroupsPath` ctr's default spec gives container `id`: `/<namespace>/<id>`.
+fn ctr_cgroup(id: &str) -> String {
+    format!("/default/{id}")
+}
+
 fn assert_nothing_on(fs: &Tmpfs, id: &str) {
     let left = poll(Duration::from_secs(15), Duration::from_millis(100), || {
         fs.entries_of(id).is_empty().then_some(())
@@ -156,7 +161,7 @@ fn a_full_run_vc_fails_the_create_naming_it_and_leaves_nothing() {
             c.log_tail()
         );
     }
-    assert_nothing_left(id, None);
+    assert_nothing_left(id, Some(&ctr_cgroup(id)));
     assert_nothing_on(&fs, id);
     let _ = c.ctr(&["container", "rm", id]);
 }
@@ -201,7 +206,7 @@ fn each_write_of_a_create_on_a_full_run_root_fails_it_cleanly() {
             "with {n} inodes: {err}\n{}",
             c.log_tail()
         );
-        assert_nothing_left(id, None);
+        assert_nothing_left(id, Some(&ctr_cgroup(id)));
         assert_nothing_on(&fs, id);
         let _ = c.ctr(&["container", "rm", id]);
         failures.push(step);
@@ -211,7 +216,7 @@ fn each_write_of_a_create_on_a_full_run_root_fails_it_cleanly() {
         failures.len() >= 3,
         "too few steps failed on a full run root: {failures:?}"
     );
-    assert_nothing_left(id, None);
+    assert_nothing_left(id, Some(&ctr_cgroup(id)));
     assert_nothing_on(&fs, id);
 }
 
@@ -257,7 +262,7 @@ fn a_running_sandbox_whose_logs_hit_a_full_disk_keeps_answering() {
     );
     assert!(said.contains(&console.display().to_string()), "{said}");
     remove_detached(&c, id);
-    assert_nothing_left(id, None);
+    assert_nothing_left(id, Some(&ctr_cgroup(id)));
     assert_nothing_on(&fs, id);
 }
 
@@ -289,7 +294,7 @@ fn a_full_containerd_state_dir_fails_the_start_naming_it_and_leaves_nothing() {
             c.log_tail()
         );
     }
-    assert_nothing_left(id, None);
+    assert_nothing_left(id, Some(&ctr_cgroup(id)));
     let _ = c.ctr(&["container", "rm", id]);
     let bundles = fs.dir.join("io.containerd.runtime.v2.task/default");
     let left = poll(Duration::from_secs(10), Duration::from_millis(100), || {
