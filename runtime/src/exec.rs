@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use nix::sys::termios::{self, SetArg, Termios};
 
-/// Where the shim persists each sandbox (shim's `persist::SANDBOX_STATE_ROOT`).
+/// Where the shim persists each sandbox (shim's `persist::sandbox_state_root`).
 pub const SANDBOX_STATE_ROOT: &str = "/run/vc/sbs";
-/// Each sandbox VM's run directory (shim's `sandbox::VM_RUN_ROOT`).
+/// Each sandbox VM's run directory (shim's `persist::vm_run_root`).
 pub const VM_RUN_ROOT: &str = "/run/vc/vm";
 /// How long the VMM side may take to answer `CONNECT`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -33,13 +33,11 @@ use crate::factory::pool;
 use crate::mount::{self, SharedDirs};
 use crate::network::port_forward::PortForward;
 use crate::network::{self, PodNetwork, PodScan};
+use crate::oom_kill;
 use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
 use agent_client::{Agent, AgentError, KataAgent};
-
-/// Per-sandbox directory of the VMM's sockets and logs.
-pub const VM_RUN_ROOT: &str = "/run/vc/vm";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -87,6 +85,12 @@ pub struct Sandbox {
     port_forward: Mutex<Option<PortForward>>,
     /// The pod's host cgroup the VMM and helpers run in (none without `cgroupsPath`).
     host_cgroup: cgroup::HostCgroup,
+    /// Its memory cgroup and the OOM kills counted there before the VM ran.
+    oom_watch: Option<(oom_kill::MemoryCgroup, u64)>,
+    /// What the VM needs, for the reason an OOM kill of the VMM is given.
+    pod_memory: oom_kill::PodMemory,
+    /// Why the VM ended when the host's OOM killer killed the VMM in the pod's cgroup.
+    oom_reason: std::sync::OnceLock<String>,
     /// Where containers' rootfs and binds are mounted on the share (the host's mount
     /// table; nothing in the task service's unit tests).
     host_mounts: Box<dyn HostMounts>,
@@ -168,7 +172,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
-    let run_dir = format!("{}/", Path::new(VM_RUN_ROOT).join(state.vm_id()).display());
+    let run_dir = format!("{}/", persist::vm_run_root().join(state.vm_id()).display());
     for pid in hypervisor::process::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
@@ -248,7 +252,7 @@ impl Sandbox {
             }
         }
         let shared = SharedDirs::for_sandbox(id);
-        let run_dir = Path::new(VM_RUN_ROOT).join(id);
+        let run_dir = persist::vm_run_root().join(id);
         let mut progress = Progress {
             state: SandboxState {
                 sandbox_id: id.to_string(),
@@ -293,6 +297,24 @@ impl Sandbox {
         spec: &SandboxSpec,
         log: &Logger,
     ) -> Arc<Sandbox> {
+        let oom_watch = oom_kill::MemoryCgroup::among(&up.progress.host_cgroup.dirs).map(|cg| {
+            let before = cg.oom_kills();
+            (cg, before)
+        });
+        let vm_mib = if cfg.runtime.hypervisor_name == kata_config::HypervisorName::Builtin {
+            cfg.hypervisor.builtin.default_memory
+        } else {
+            cfg.hypervisor.qemu.default_memory
+        };
+        let pod_memory = oom_kill::PodMemory {
+            vm_mib: u64::from(vm_mib),
+            limits_bytes: spec
+                .resources
+                .memory
+                .as_deref()
+                .and_then(|m| m.trim().parse().ok())
+                .unwrap_or(0),
+        };
         let sb = Arc::new(Sandbox {
             shared: up.shared,
             guest_rootfs_root: hypervisor::guest_rootfs_root(cfg),
@@ -306,6 +328,9 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: up.progress.host_cgroup,
+            oom_watch,
+            pod_memory,
+            oom_reason: std::sync::OnceLock::new(),
             host_mounts: Box::new(RealHostMounts),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
@@ -632,9 +657,19 @@ impl Sandbox {
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests:
     /// containers' mounts are only directories ([`crate::container::DirsOnly`]), so the
-    /// tests run without root.
+    /// tests run without root. Its host cgroup is `cgroup_dirs` (test trees of cgroup
+    /// files, for the host OOM killer's counters; none: no cgroup).
     #[cfg(test)]
-    pub fn for_test(id: &str, agent: Arc<dyn Agent>, shared: SharedDirs) -> Arc<Sandbox> {
+    pub fn for_test_in(
+        id: &str,
+        agent: Arc<dyn Agent>,
+        shared: SharedDirs,
+        cgroup_dirs: &[PathBuf],
+    ) -> Arc<Sandbox> {
+        let oom_watch = oom_kill::MemoryCgroup::among(cgroup_dirs).map(|cg| {
+            let before = cg.oom_kills();
+            (cg, before)
+        });
         Arc::new(Sandbox {
             state: Mutex::new(SandboxState {
                 sandbox_id: id.to_string(),
@@ -652,6 +687,12 @@ impl Sandbox {
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
             host_cgroup: cgroup::HostCgroup::default(),
+            oom_watch,
+            pod_memory: oom_kill::PodMemory {
+                vm_mib: 358,
+                limits_bytes: 256 << 20,
+            },
+            oom_reason: std::sync::OnceLock::new(),
             host_mounts: Box::new(crate::container::DirsOnly),
             log: hypervisor::discard_logger(),
             debug: false,
@@ -724,11 +765,39 @@ impl Sandbox {
             .as_deref()
             .map(hypervisor::process::log_tail)
             .unwrap_or_default();
+        let cause = match self.oom_killed(cause) {
+            Some(reason) => {
+                error!(self.log, "the host's OOM killer ended the sandbox's VM: {reason}";
+                    "cgroup_oom" => true);
+                let _ = self.oom_reason.set(reason.clone());
+                reason
+            }
+            None => cause.to_string(),
+        };
         error!(self.log, "the sandbox VM is gone; every process of its containers is reported exited";
-            "cause" => cause, "console" => tail);
-        self.agent.disconnect(cause);
-        self.ended.send_replace(Some(cause.to_string()));
+            "cause" => &cause, "console" => tail);
+        // Told before the agent fails its requests: a process whose wait fails then finds
+        // how the VM ended.
+        self.ended.send_replace(Some(cause.clone()));
+        self.agent.disconnect(&cause);
         self.stop_vm().await;
+    }
+
+    /// The reason the VM ended when the sandbox's memory cgroup counted an OOM kill
+    /// since the VM ran (the VMM killed, or a helper, whichever ended first).
+    fn oom_killed(&self, cause: &str) -> Option<String> {
+        let (cg, before) = self.oom_watch.as_ref()?;
+        let kill = cg.kill_since(*before)?;
+        Some(oom_kill::reason(
+            &kill,
+            &oom_kill::victim(cause),
+            &self.pod_memory,
+        ))
+    }
+
+    /// Why the VM ended, when the host's OOM killer ended it (see [`oom_kill`]).
+    pub fn oom_reason(&self) -> Option<String> {
+        self.oom_reason.get().cloned()
     }
 
     async fn stop_vm(&self) {

@@ -236,8 +236,7 @@ fn join_sandbox(
             flags.id
         ));
     }
-    std::fs::write("address", &address)
-        .map_err(|e| format!("writing the bundle's address file: {e}"))?;
+    std::fs::write("address", &address).map_err(|e| bundle_write_error("address file", &e))?;
     if let Ok(state) = SandboxState::load(sandbox_id) {
         let _ = std::fs::write("shim.pid", state.shim_pid.to_string());
     }
@@ -254,8 +253,7 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
     );
     if answers(&address) {
         // A daemon for this id already serves (containerd retried a start).
-        std::fs::write("address", &address)
-            .map_err(|e| format!("writing the bundle's address file: {e}"))?;
+        std::fs::write("address", &address).map_err(|e| bundle_write_error("address file", &e))?;
         return Ok(address);
     }
     if let Some(dir) = &params.socket_dir {
@@ -267,7 +265,7 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
     match daemon.wait_ready(&address).and_then(|()| {
         std::fs::write("address", &address)
             .and_then(|()| std::fs::write("shim.pid", daemon.pid().to_string()))
-            .map_err(|e| format!("writing the bundle's address and shim.pid: {e}"))
+            .map_err(|e| bundle_write_error("address and shim.pid", &e))
     }) {
         Ok(()) => {
             daemon.release();
@@ -281,6 +279,17 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
             }
             Err(e)
         }
+    }
+}
+
+/// Writing `what` into the bundle (containerd's state directory, start's working
+/// directory) failed: said with the file system when it is full.
+fn bundle_write_error(what: &str, e: &std::io::Error) -> String {
+    let bundle = std::env::current_dir().unwrap_or_default();
+    let text = format!("writing the bundle's {what} in {}: {e}", bundle.display());
+    match crate::full_disk::explain(&text, &[("containerd's bundle", bundle)]) {
+        Some(more) => format!("{text}: {more}"),
+        None => text,
     }
 }
 

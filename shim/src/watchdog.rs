@@ -36,6 +36,10 @@ impl Watched {
             what: format!("the VMM {}", comm(pid)),
         }
     }
+
+    fn is_vmm(&self) -> bool {
+        self.what.starts_with("the VMM")
+    }
 }
 
 fn comm(pid: i32) -> String {
@@ -68,7 +72,13 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
                 continue;
             };
             if let Some(w) = watched.iter().find(|w| w.pid == pid) {
-                return format!("{} (pid {pid}) {}", w.what, describe(ev.exit_code));
+                let first = format!("{} (pid {pid}) {}", w.what, describe(ev.exit_code));
+                return match watched.iter().find(|v| v.is_vmm() && v.pid != pid) {
+                    Some(vmm) => vmm_exit_within_grace(&mut sub.rx, vmm)
+                        .await
+                        .unwrap_or(first),
+                    None => first,
+                };
             }
         }
         "the shim's exit monitor stopped; the sandbox's processes are no longer watched".into()
@@ -76,6 +86,27 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
     .await;
     let _ = monitor_unsubscribe(sub.id).await;
     ended
+}
+
+/// The VMM's exit, if the reaper announces it within [`VMM_EXIT_GRACE`]: a killed VMM
+/// closes its sockets before it has finished exiting, so a helper, seeing them close,
+/// may end first; the VMM is the cause then.
+async fn vmm_exit_within_grace(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<containerd_shim::monitor::ExitEvent>,
+    vmm: &Watched,
+) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + VMM_EXIT_GRACE;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, rx.recv()).await.ok()??;
+        if matches!(ev.subject, Subject::Pid(pid) if pid == vmm.pid) {
+            return Some(format!(
+                "{} (pid {}) {}",
+                vmm.what,
+                vmm.pid,
+                describe(ev.exit_code)
+            ));
+        }
+    }
 }
 
 /// [`first_exit`] for processes that are not the shim's children (a pooled VM's, whose
@@ -117,7 +148,7 @@ const VMM_EXIT_GRACE: Duration = Duration::from_millis(200);
 /// within [`VMM_EXIT_GRACE`]. A killed VMM closes its sockets before it has finished
 /// exiting, so virtiofsd, seeing them close, may end first; the VMM is the cause then.
 async fn the_cause(watched: &[Watched], first: usize) -> &Watched {
-    let Some(vmm) = watched.iter().find(|w| w.what.starts_with("the VMM")) else {
+    let Some(vmm) = watched.iter().find(|w| w.is_vmm()) else {
         return &watched[first];
     };
     if vmm.pid == watched[first].pid {
@@ -306,6 +337,47 @@ mod tests {
         );
         vmm.kill().unwrap();
         vmm.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_helper_whose_exit_the_reaper_announces_just_before_the_vmms_does_not_take_the_blame()
+    {
+        use containerd_shim::asynchronous::monitor::monitor_notify_by_pid;
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("100")
+                .spawn()
+                .unwrap()
+        };
+        let (mut vmm, mut helper) = (sleep(), sleep());
+        let (vmm_pid, helper_pid) = (vmm.id() as i32, helper.id() as i32);
+        let watch = tokio::spawn(first_exit(vec![
+            Watched {
+                pid: vmm_pid,
+                what: "the VMM qemu".into(),
+            },
+            Watched {
+                pid: helper_pid,
+                what: "helper virtiofsd".into(),
+            },
+        ]));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // The reaper announces the helper (status 0) 50 ms before the killed VMM.
+        helper.kill().unwrap();
+        helper.wait().unwrap();
+        monitor_notify_by_pid(helper_pid, 0).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        vmm.kill().unwrap();
+        vmm.wait().unwrap();
+        monitor_notify_by_pid(vmm_pid, 137).await.unwrap();
+        let why = tokio::time::timeout(std::time::Duration::from_secs(5), watch)
+            .await
+            .expect("the exits end the watch")
+            .unwrap();
+        assert_eq!(
+            why,
+            format!("the VMM qemu (pid {vmm_pid}) was killed by signal 9")
+        );
     }
 
     #[tokio::test]

@@ -115,6 +115,23 @@ impl Containerd {
         Self::start_from(name, &RuntimeConfig::for_backend(Backend::Qemu), Some(&bin))
     }
 
+    /// A private containerd whose daemon (and so every shim it starts) has `env` on top
+    /// of the usual environment.
+    pub fn start_with_env(name: &str, config: &RuntimeConfig, env: &[(&str, &str)]) -> Self {
+        Self::start_instance(
+            name,
+            config,
+            StartOptions {
+                bin_dir: None,
+                script_env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                import_default: true,
+            },
+        )
+    }
+
     fn start_from(name: &str, config: &RuntimeConfig, bin_dir: Option<&Path>) -> Self {
         Self::start_instance(
             name,
@@ -128,7 +145,7 @@ impl Containerd {
     }
 
     /// The directory of the private containerd of test `name`.
-    pub(crate) fn dir_for(name: &str) -> PathBuf {
+    pub fn dir_for(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("kata-e2e-{name}-{}", std::process::id()))
     }
 

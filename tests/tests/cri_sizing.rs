@@ -3,7 +3,8 @@
 //! size its VM; a pod without limits gets the defaults; a container past its own limit is
 //! OOM-killed in the guest while the pod and its VM live on; a size past the caps fails
 //! the pod, naming the limit and the cap, and leaves nothing; and the pod's host cgroup,
-//! limited as kubelet limits it (the limits plus the RuntimeClass overhead), holds the VM.
+//! limited as kubelet limits it (the limits plus the RuntimeClass overhead), holds the VM;
+//! one limited below what its VM costs ends its containers with a reason that says so.
 
 use std::time::Duration;
 
@@ -214,4 +215,105 @@ fn a_pod_past_the_caps_fails_naming_its_limit_and_leaves_nothing() {
         c.shims_left().is_empty().then_some(())
     });
     assert!(shims.is_some(), "shims left: {:?}", c.shims_left());
+}
+
+/// kubelet's termination-message file of container `name` of `pod`
+/// (`<kubelet root>/pods/<uid>/containers/<name>/<id>`), empty as kubelet makes it.
+fn termination_message_file(c: &CriContainerd, pod: &Pod, name: &str) -> std::path::PathBuf {
+    let dir = c
+        .containerd()
+        .dir
+        .join("kubelet/pods")
+        .join(pod.uid())
+        .join("containers")
+        .join(name);
+    std::fs::create_dir_all(&dir).expect("creating kubelet's container dir");
+    let file = dir.join("0a1b2c3d");
+    std::fs::write(&file, "").expect("creating the termination-message file");
+    file
+}
+
+/// About 10 s: one boot, the guest filling 200 MiB under TCG until QEMU is killed.
+#[test]
+fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so() {
+    pod_cgroup_too_small(&cri("small-cgroup"));
+}
+
+/// The same through containerd 2.3's CRI, the one kubelet drives in the Kubernetes
+/// suite. About 10 s.
+#[test]
+fn a_pod_cgroup_too_small_for_its_vm_ends_its_containers_saying_so_on_containerd_2_3() {
+    pod_cgroup_too_small(&CriContainerd::start_version(
+        "size-small-cgroup-23",
+        Handler::Kata,
+        "2.3",
+    ));
+}
+
+fn pod_cgroup_too_small(c: &CriContainerd) {
+    let limit = 256 * MIB;
+    let pod = c.run_pod(sized_pod(c, "small", 100_000, limit));
+    let vmm = pid_of(&pod.id, Part::Vmm).expect("the pod's VMM");
+    // kubelet's limit with an overhead far below the VM's cost: what the booted VM uses
+    // now and 40 MiB more, which the guest passes as soon as it fills its memory.
+    let cg = memory_cgroup(&pod);
+    let usage: i64 = std::fs::read_to_string(cg.join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the pod cgroup's usage");
+    let cap = usage + 40 * MIB;
+    std::fs::write(cg.join("memory.limit_in_bytes"), cap.to_string())
+        .expect("limiting the pod's host cgroup as kubelet does");
+
+    let message = termination_message_file(c, &pod, "hog");
+    let mut hog = limited(
+        c,
+        &pod,
+        "hog",
+        limit,
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 100000",
+        ],
+    );
+    hog.mounts.push(api::Mount {
+        container_path: "/dev/termination-log".into(),
+        host_path: message.display().to_string(),
+        ..Default::default()
+    });
+    let hog = c.start_container(&pod, hog);
+    assert!(
+        c.wait_container_state(
+            &hog,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(120)
+        ),
+        "the container outlived its VM's cgroup: {:?}\n{}",
+        c.cri().container_status(&hog),
+        c.log_tail()
+    );
+    assert!(wait_gone(vmm, Duration::from_secs(10)), "the VMM lives on");
+    let status = c.cri().container_status(&hog).expect("ContainerStatus");
+    assert_eq!(status.exit_code, 137, "{status:?}");
+    assert_eq!(status.reason, "OOMKilled", "{status:?}");
+    // What kubelet shows as the container's message.
+    let text = std::fs::read_to_string(&message).expect("the termination message");
+    eprintln!("termination message: {text}");
+    let pod_cgroup = pod.cgroup_parent.clone();
+    for want in [
+        format!("the pod's cgroup {pod_cgroup} is too small for its VM"),
+        format!("memory limit of {} MiB", (cap as u64).div_ceil(MIB as u64)),
+        "the VM needs about".to_string(),
+        "overhead.podFixed.memory to".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want:?} missing from: {text}");
+    }
+    let log = c.containerd().log();
+    assert!(
+        log.contains("the host's OOM killer ended the sandbox's VM"),
+        "the shim's log does not say so:\n{}",
+        c.log_tail()
+    );
+    c.remove_pod_checked(pod);
 }

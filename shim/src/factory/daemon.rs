@@ -22,7 +22,6 @@ use slog::{error, info, o, warn, Drain, Logger};
 
 use super::pool::{self, Leftovers, PoolShare, PooledVm};
 use crate::mount::SharedDirs;
-use crate::sandbox::VM_RUN_ROOT;
 use agent_client::KataAgent;
 
 const USAGE: &str = "\
@@ -398,7 +397,7 @@ impl Factory {
         let log = self.log.new(o!("vm" => id.clone()));
         let t0 = Instant::now();
         let shared = SharedDirs::for_sandbox(&id);
-        let run_dir = Path::new(VM_RUN_ROOT).join(&id);
+        let run_dir = crate::persist::vm_run_root().join(&id);
         let netns = pool::netns_path(&self.dir, &self.key, &id);
         let mac = random_mac();
         let booting = pool::booting_file(&self.dir, &self.key, &id);

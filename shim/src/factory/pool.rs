@@ -363,7 +363,7 @@ pub fn cleanup_by_id(dir: &Path, key: &str, id: &str) -> Leftovers {
             vmm_log: PathBuf::new(),
             accelerator: String::new(),
         },
-        run_dir: Path::new(crate::sandbox::VM_RUN_ROOT).join(id),
+        run_dir: crate::persist::vm_run_root().join(id),
         shared: PoolShare {
             made: vec![shared.mounts.clone(), shared.shared.clone()],
             base: shared.base,

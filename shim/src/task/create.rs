@@ -70,7 +70,7 @@ impl Inner {
         self.lock().creating.remove(&req.id);
         // Requests about this id that waited for the create answer now.
         self.settled.send_modify(|n| *n = n.wrapping_add(1));
-        let pid = result?;
+        let pid = result.map_err(|e| self.full_disk_context(e, &parsed.bundle))?;
         info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         if req.id == self.sandbox_id {
             crate::metrics::METRICS.phase("sandbox_created");
@@ -143,6 +143,33 @@ impl Inner {
             mounts,
             stdio,
         })
+    }
+
+    /// A create that failed on a full file system says which one and what is full.
+    fn full_disk_context(&self, e: ttrpc::Error, bundle: &std::path::Path) -> ttrpc::Error {
+        let ttrpc::Error::RpcStatus(mut st) = e else {
+            return e;
+        };
+        let places = [
+            (
+                "the sandbox state",
+                crate::persist::state_dir(&self.sandbox_id),
+            ),
+            (
+                "the VM's run directory",
+                crate::persist::vm_run_root().join(&self.sandbox_id),
+            ),
+            (
+                "the share",
+                crate::mount::SharedDirs::for_sandbox(&self.sandbox_id).base,
+            ),
+            ("containerd's bundle", bundle.to_path_buf()),
+        ];
+        if let Some(more) = crate::full_disk::explain(&st.message, &places) {
+            slog::error!(self.log, "create failed on a full file system: {more}"; "error" => &st.message);
+            st.message = format!("{}: {more}", st.message);
+        }
+        ttrpc::Error::RpcStatus(st)
     }
 
     /// The sandbox to create in, booting it for the sandbox container. Returns whether it

@@ -60,6 +60,9 @@ pub struct State {
     pub containers: HashMap<String, Container>,
     /// Containers whose create is under way (not yet in `containers`).
     pub creating: HashSet<String>,
+    /// Containers told (TaskOOM, termination message) that the host's OOM killer ended
+    /// their VM.
+    pub oom_told: HashSet<String>,
 }
 
 impl State {

@@ -33,6 +33,8 @@ struct FakeLauncher {
     gate: Option<Arc<Notify>>,
     launched: AtomicUsize,
     sandbox: std::sync::Mutex<Option<Arc<Sandbox>>>,
+    /// The sandboxes' host cgroup directories (test trees of cgroup files).
+    cgroup: Vec<PathBuf>,
 }
 
 #[async_trait]
@@ -54,7 +56,7 @@ impl Launcher for FakeLauncher {
             shared: base.join("shared"),
             base,
         };
-        let sb = Sandbox::for_test(id, self.agent.clone(), shared);
+        let sb = Sandbox::for_test_in(id, self.agent.clone(), shared, &self.cgroup);
         *self.sandbox.lock().unwrap() = Some(sb.clone());
         Ok(sb)
     }
@@ -86,6 +88,11 @@ impl Launcher for Shared {
 const SB: &str = "sb1";
 
 fn fixture(gate: Option<Arc<Notify>>) -> Fixture {
+    fixture_in(gate, |_| Vec::new())
+}
+
+/// A fixture whose sandboxes' host cgroup is what `cgroup` makes in the fixture's dir.
+fn fixture_in(gate: Option<Arc<Notify>>, cgroup: impl FnOnce(&Path) -> Vec<PathBuf>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let agent = Arc::new(FakeAgent::new());
     let launcher = Arc::new(FakeLauncher {
@@ -94,6 +101,7 @@ fn fixture(gate: Option<Arc<Notify>>) -> Fixture {
         gate,
         launched: AtomicUsize::new(0),
         sandbox: Default::default(),
+        cgroup: cgroup(dir.path()),
     });
     let svc = TaskService::new(
         SB,
@@ -316,6 +324,68 @@ async fn a_dead_vm_stops_every_process_and_kill_and_delete_answer_at_once() {
         .filter(|e| e.starts_with("/tasks/exit"))
         .count();
     assert_eq!(exits, 2, "a TaskExit for the init and for the exec");
+}
+
+#[tokio::test]
+async fn a_vmm_oom_killed_in_the_pods_cgroup_ends_every_container_oom_killed_with_the_reason() {
+    // The pod's cgroup limited to 136 MiB, the sandbox's below it (v1 files).
+    let f = fixture_in(None, |dir| {
+        let pod = dir.join("cgroup/kubepods/pod1");
+        let sb = pod.join(SB);
+        std::fs::create_dir_all(&sb).unwrap();
+        std::fs::write(pod.join("memory.limit_in_bytes"), format!("{}", 136 << 20)).unwrap();
+        std::fs::write(sb.join("memory.limit_in_bytes"), "9223372036854771712").unwrap();
+        std::fs::write(
+            sb.join("memory.oom_control"),
+            "oom_kill_disable 0\noom_kill 0\n",
+        )
+        .unwrap();
+        vec![sb]
+    });
+    // kubelet's termination-message file, bound at /dev/termination-log.
+    let message = f.dir.path().join("kubelet/pods/u1/containers/c/0a1b");
+    std::fs::create_dir_all(message.parent().unwrap()).unwrap();
+    std::fs::write(&message, "").unwrap();
+    let spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh"], "cwd": "/"},
+        "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/dev/termination-log", "type": "bind",
+                    "source": message, "options": ["rbind", "rw"]}],
+    });
+    let b = f.bundle(SB, Some(&spec.to_string()));
+    f.svc.create(&ctx(), f.create_req(SB, &b)).await.unwrap();
+    f.start(SB, "").await.unwrap();
+
+    let sb = f.launcher.sandbox.lock().unwrap().clone().unwrap();
+    let oom = f
+        .dir
+        .path()
+        .join(format!("cgroup/kubepods/pod1/{SB}/memory.oom_control"));
+    std::fs::write(&oom, "oom_kill_disable 0\noom_kill 1\n").unwrap();
+    sb.vm_ended("the VMM qemu (pid 9) was killed by signal 9")
+        .await;
+
+    assert_eq!(f.wait(SB, "").await.exit_status, 137);
+    let text = std::fs::read_to_string(&message).unwrap();
+    assert!(
+        text.contains("the pod's cgroup ") && text.contains("memory limit of 136 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("overhead.podFixed.memory to 186Mi"), "{text}");
+    // TaskOOM first (the CRI's reason), then TaskExit.
+    let events: Vec<String> = f
+        .svc
+        .inner
+        .events
+        .recorded()
+        .into_iter()
+        .filter(|e| e.starts_with("/tasks/oom") || e.starts_with("/tasks/exit"))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events[0].starts_with("/tasks/oom"), "{events:?}");
+    assert!(events[1].starts_with("/tasks/exit"), "{events:?}");
+    f.delete(SB).await.unwrap();
 }
 
 #[tokio::test]

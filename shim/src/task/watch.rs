@@ -15,6 +15,14 @@ use agent_client::Agent;
 /// no longer say how they ended (as runc reports for a process it lost).
 pub const VM_GONE_EXIT_STATUS: u32 = 255;
 
+/// The exit status of every process of a sandbox whose VMM the host's OOM killer killed
+/// in the pod's cgroup: 128 + SIGKILL, as for a container the kernel OOM-killed.
+pub const OOM_KILLED_EXIT_STATUS: u32 = 137;
+
+/// How long a process whose wait failed waits for the watchdog to say how the VM ended
+/// (it notices within milliseconds; the agent's connection may break first).
+const END_NOTICE: Duration = Duration::from_secs(3);
+
 /// At most one TaskOOM per container per period.
 pub const OOM_EVENT_PERIOD: Duration = Duration::from_secs(1);
 /// How much of an id the guest sent a log line quotes.
@@ -74,8 +82,9 @@ impl Inner {
             let code = match agent.wait_process(&cid, &exec_id).await {
                 Ok(s) => s as u32,
                 Err(e) => {
-                    warn!(inner.log, "waiting for the process failed; reporting it exited"; "container" => &cid, "exec" => &exec_id, "status" => VM_GONE_EXIT_STATUS, "error" => %e);
-                    VM_GONE_EXIT_STATUS
+                    let status = inner.lost_exit_status(&cid).await;
+                    warn!(inner.log, "waiting for the process failed; reporting it exited"; "container" => &cid, "exec" => &exec_id, "status" => status, "error" => %e);
+                    status
                 }
             };
             // Take the relays out so their output can finish without the lock held.
@@ -148,8 +157,56 @@ impl Inner {
             crate::metrics::METRICS.vm_ended(&cause);
             warn!(inner.log, "sandbox VM ended"; "cause" => &cause, "unstarted_processes" => unstarted.len());
             for (cid, exec_id) in unstarted {
-                inner.record_exit(&cid, &exec_id, VM_GONE_EXIT_STATUS).await;
+                let status = inner.lost_exit_status(&cid).await;
+                inner.record_exit(&cid, &exec_id, status).await;
             }
         });
+    }
+
+    /// The exit status of a process of container `cid` the VM took with it:
+    /// [`OOM_KILLED_EXIT_STATUS`] when the host's OOM killer ended the VM (the container
+    /// told so first, see [`Inner::tell_oom`]), else [`VM_GONE_EXIT_STATUS`].
+    async fn lost_exit_status(&self, cid: &str) -> u32 {
+        let Some(sb) = self.lock().sandbox.clone() else {
+            return VM_GONE_EXIT_STATUS;
+        };
+        let mut ended = sb.ended();
+        let _ = tokio::time::timeout(END_NOTICE, ended.wait_for(Option::is_some)).await;
+        match sb.oom_reason() {
+            Some(reason) => {
+                self.tell_oom(cid, &reason).await;
+                OOM_KILLED_EXIT_STATUS
+            }
+            None => VM_GONE_EXIT_STATUS,
+        }
+    }
+
+    /// Once per container, before its exit: TaskOOM (containerd's CRI then gives it the
+    /// reason `OOMKilled`), and `reason` as its termination message (kubelet's file,
+    /// which kubelet shows as the container's message) unless the container wrote one.
+    async fn tell_oom(&self, cid: &str, reason: &str) {
+        let bundle = {
+            let mut st = self.lock();
+            if !st.oom_told.insert(cid.to_string()) {
+                return;
+            }
+            st.container(cid).ok().map(|c| c.bundle.clone())
+        };
+        crate::metrics::METRICS.oom_event();
+        self.events.oom(cid).await;
+        let spec = bundle
+            .and_then(|b| std::fs::read(b.join("config.json")).ok())
+            .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok());
+        let Some(path) = spec.as_ref().and_then(crate::oom_kill::termination_log) else {
+            return;
+        };
+        match crate::oom_kill::write_termination_log(&path, reason) {
+            Ok(written) => {
+                info!(self.log, "container ended by the host's OOM killer"; "container" => cid,
+                    "termination_message" => path.display(), "written" => written)
+            }
+            Err(e) => warn!(self.log, "cannot write the container's termination message";
+                "container" => cid, "path" => path.display(), "error" => %e),
+        }
     }
 }
