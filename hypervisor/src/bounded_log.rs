@@ -348,7 +348,7 @@ mod tests {
             .spawn_capped(16 * 1024, &crate::discard_logger())
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while crate::process::exit_description(pid).is_none() {
+        while procinfo::pid::exit_description(pid).is_none() {
             assert!(Instant::now() < deadline, "sh hangs");
             std::thread::sleep(Duration::from_millis(10));
         }

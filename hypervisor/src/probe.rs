@@ -135,7 +135,7 @@ mod tests {
         };
         let pid = daemon.spawn(&crate::discard_logger()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while crate::process::exit_description(pid).is_none() {
+        while procinfo::pid::exit_description(pid).is_none() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the jailed shell hangs"

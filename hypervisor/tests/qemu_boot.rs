@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hypervisor::new_hypervisor;
-use hypervisor::process::is_running;
+use procinfo::pid::is_running;
 
 mod common;
 use common::{skipped, wait_for, Sandbox, QEMU, SERIAL};

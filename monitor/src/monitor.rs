@@ -174,8 +174,7 @@ fn pod_labels<'a>(id: &'a str, meta: &'a PodMeta) -> [(&'static str, &'a str); 4
 /// The monitor's own process: CPU seconds, resident bytes, open fds.
 fn own_process() -> Option<(f64, u64, usize)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The fields after the command name (which may hold spaces) in parentheses.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let fields = procinfo::pid::stat_fields(&stat)?;
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // SAFETY: sysconf only reads a configuration value.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

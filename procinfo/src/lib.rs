@@ -1,6 +1,9 @@
 //! What `/proc` says about a process and the machine, read the same way in the guest (the
 //! agent's own figures) and on the host (the shim's VMM and helpers), and written as
-//! Prometheus families under Kata's names.
+//! Prometheus families under Kata's names. [`pid`]: processes by pid (running or how it
+//! ended, process group, who names a path), for the hypervisor crate and the shim.
+
+pub mod pid;
 
 use promtext::Exposition;
 
@@ -56,10 +59,7 @@ const STATUS_ITEMS: [(&str, &str, bool); 19] = [
 
 /// Parses `/proc/<pid>/stat`: (threads, utime, stime, cutime, cstime, starttime).
 pub fn parse_proc_stat(text: &str) -> Option<(u64, u64, u64, u64, u64, u64)> {
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // f[0] is field 3 (state): field n is f[n - 3].
+    let f = pid::stat_fields(text)?;
     let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
     Some((
         field(20)?,

@@ -203,16 +203,9 @@ pub fn serving_namespaces(helper_pids: &[i32]) -> Vec<std::fs::File> {
     let mut seen = Vec::new();
     let mut found = Vec::new();
     for &pid in helper_pids {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        let candidates = std::iter::once(pid).chain(
-            children
-                .split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
+        let candidates = std::iter::once(pid).chain(procinfo::pid::children(pid));
         for p in candidates {
-            let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
-            if comm.trim() != "virtiofsd" {
+            if procinfo::pid::comm(p).as_deref() != Some("virtiofsd") {
                 continue;
             }
             let ns = format!("/proc/{p}/ns/mnt");

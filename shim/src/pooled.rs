@@ -16,23 +16,7 @@ pub const ENTROPY_BYTES: usize = 64;
 
 /// `pids` and every other process of the groups they lead, sorted.
 pub fn processes(pids: &[i32]) -> Vec<i32> {
-    let mut found: Vec<i32> = pids.iter().copied().filter(|&p| p > 0).collect();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for pid in entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        {
-            let group = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| hypervisor::process::state_and_group(&stat).map(|(_, g)| g));
-            if group.is_some_and(|g| pids.contains(&g)) {
-                found.push(pid);
-            }
-        }
-    }
-    found.sort_unstable();
-    found.dedup();
-    found
+    procinfo::pid::with_groups(pids)
 }
 
 /// Why a process could not be moved into the pod's cgroup.

@@ -173,7 +173,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
     let run_dir = format!("{}/", persist::vm_run_root().join(state.vm_id()).display());
-    for pid in hypervisor::process::pids_mentioning(&run_dir) {
+    for pid in procinfo::pid::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
             pids.push(pid);

@@ -99,7 +99,7 @@ fn is_our_daemon(pid: i32, id: &str) -> bool {
 fn wait_gone(pid: i32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if !hypervisor::process::is_running(pid) {
+        if !procinfo::pid::is_running(pid) {
             return true;
         }
         if Instant::now() >= deadline {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
 use containerd_shim::monitor::{Subject, Topic};
+use procinfo::pid::zombie_status;
 
 /// A process the sandbox cannot live without.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,15 +44,13 @@ impl Watched {
 }
 
 fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim().to_string())
-        .unwrap_or_else(|_| "process".into())
+    procinfo::pid::comm(pid).unwrap_or_else(|| "process".into())
 }
 
 /// The first of `watched` that has exited, said as a sentence; None while all run.
 pub fn exited(watched: &[Watched]) -> Option<String> {
     watched.iter().find_map(|w| {
-        hypervisor::process::exit_description(w.pid)
+        procinfo::pid::exit_description(w.pid)
             .map(|how| format!("{} (pid {}) {how}", w.what, w.pid))
     })
 }
@@ -156,7 +155,7 @@ async fn the_cause(watched: &[Watched], first: usize) -> &Watched {
     }
     let deadline = tokio::time::Instant::now() + VMM_EXIT_GRACE;
     while tokio::time::Instant::now() < deadline {
-        if !hypervisor::process::is_running(vmm.pid) {
+        if !procinfo::pid::is_running(vmm.pid) {
             return vmm;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -183,25 +182,10 @@ fn pidfd(pid: i32) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::Owne
 
 /// How a process that is not our child ended, as far as `/proc` still says.
 fn describe_other(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
+    procinfo::pid::stat(pid)
         .and_then(|stat| zombie_status(&stat))
         .map(describe_wait_status)
         .unwrap_or_else(|| "exited".into())
-}
-
-/// The wait status of a zombie's `/proc/<pid>/stat` line (field 52, `exit_code`).
-fn zombie_status(stat: &str) -> Option<i32> {
-    // The fields after the parenthesised command name (which may hold ')') start with
-    // field 3, the state.
-    let fields: Vec<&str> = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .collect();
-    if fields.first() != Some(&"Z") {
-        return None;
-    }
-    fields.get(52 - 3)?.parse().ok()
 }
 
 /// A `waitpid` status as a sentence.

@@ -210,7 +210,7 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     assert_eq!(backend.pids(), pids);
     assert!(info.agent_socket.exists());
     for pid in &pids {
-        assert!(crate::process::is_running(*pid));
+        assert!(procinfo::pid::is_running(*pid));
     }
     // kata-vmm runs as the sandbox's uid, without privileges, with /dev/kvm its own.
     let status = std::fs::read_to_string(format!("/proc/{}/status", info.vmm_pid)).unwrap();
@@ -240,7 +240,7 @@ async fn starts_and_stops_kata_vmm_by_pid() {
     ));
     backend.stop_vm().await.unwrap();
     for pid in &pids {
-        assert!(!crate::process::is_running(*pid));
+        assert!(!procinfo::pid::is_running(*pid));
     }
     assert!(backend.pids().is_empty());
     assert!(!info.agent_socket.exists());

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hypervisor::kill_and_reap;
-use hypervisor::process::is_running;
 pub use hypervisor::test_skip::skipped;
 use hypervisor::VmConfig;
+use procinfo::pid::is_running;
 
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 pub const VIRTIOFSD: &str = "/usr/local/bin/virtiofsd";

@@ -51,9 +51,9 @@ fn factory_pid(dir: &Path) -> Option<i32> {
         .trim()
         .parse()
         .ok()?;
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
-    (args.contains(&&b"factory"[..]) && args.contains(&&b"init"[..])).then_some(pid)
+    let args = procinfo::pid::cmdline(pid)?;
+    let has = |word: &str| args.iter().any(|a| a == word);
+    (has("factory") && has("init")).then_some(pid)
 }
 
 /// How many ready files the pool holds (every key).

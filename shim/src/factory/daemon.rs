@@ -160,7 +160,7 @@ fn is_factory(pid: i32) -> bool {
         return false;
     };
     let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
-    hypervisor::process::is_running(pid)
+    procinfo::pid::is_running(pid)
         && args.iter().any(|a| *a == b"factory")
         && args.iter().any(|a| *a == b"init")
 }
@@ -354,7 +354,7 @@ impl Factory {
         // `exit_description` reaps an exited child; a pid that is gone is forgotten.
         let still: Vec<i32> = children
             .into_iter()
-            .filter(|&pid| hypervisor::process::exit_description(pid).is_none())
+            .filter(|&pid| procinfo::pid::exit_description(pid).is_none())
             .collect();
         let ready_pids: Vec<i32> = self.ready.iter().flat_map(PooledVm::pids).collect();
         self.handed_over = still

@@ -116,7 +116,7 @@ impl PooledVm {
         }
         self.pids()
             .iter()
-            .all(|&pid| hypervisor::process::is_running(pid))
+            .all(|&pid| procinfo::pid::is_running(pid))
     }
 
     /// Takes over the VM's uid claim for `sandbox_id` (see
@@ -322,7 +322,7 @@ pub fn cleanup(vm: &PooledVm) -> Leftovers {
     let mut left = Leftovers::default();
     let mut pids = vm.pids();
     let run_dir = format!("{}/", vm.run_dir.display());
-    for pid in hypervisor::process::pids_mentioning(&run_dir) {
+    for pid in procinfo::pid::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             pids.push(pid);
         }

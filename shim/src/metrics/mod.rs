@@ -330,10 +330,10 @@ fn helper_namespace(comm: &str) -> Option<&'static str> {
 
 /// The only child of `pid`, if it has exactly one.
 fn worker_of(pid: i32) -> Option<i32> {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-    let mut it = children.split_ascii_whitespace();
-    let child = it.next()?.parse().ok()?;
-    it.next().is_none().then_some(child)
+    match procinfo::pid::children(pid)[..] {
+        [child] => Some(child),
+        _ => None,
+    }
 }
 
 /// The host's figures: the shim's, the VMM's (`vmm`) and the helpers'.

@@ -168,7 +168,7 @@ fn of_two_concurrent_claimers_exactly_one_gets_the_vm() {
     assert!(!ready_file(&pool, key, id).exists(), "no longer offered");
     assert!(claimed_file(&pool, key, winner).exists());
     // The winner's VM is left running for it.
-    assert!(hypervisor::process::is_running(vmm.pid()));
+    assert!(procinfo::pid::is_running(vmm.pid()));
     assert!(vm.run_dir.exists());
     assert_eq!(
         claim(&pool, key, "sandbox-c"),
@@ -225,7 +225,7 @@ fn a_vmm_pid_reused_by_another_process_is_not_taken_for_the_vm() {
     assert!(!vm.is_alive());
     assert_eq!(claim(&pool, "k3", "sandbox-z"), None);
     // Cleaning up the VM left the unrelated process alone.
-    assert!(hypervisor::process::is_running(other.pid()));
+    assert!(procinfo::pid::is_running(other.pid()));
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn cleanup_stops_the_vm_and_removes_its_traces() {
     let vm = ready_vm(&pool, tmp.path(), "k4", id, vmm.pid());
     let left = cleanup(&vm);
     assert!(left.is_empty(), "{left}");
-    assert!(!hypervisor::process::is_running(vmm.pid()));
+    assert!(!procinfo::pid::is_running(vmm.pid()));
     assert!(!vm.run_dir.exists() && !vm.shared.base.exists() && !vm.netns.exists());
     assert!(cleanup(&vm).is_empty(), "idempotent");
 }
