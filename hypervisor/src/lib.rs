@@ -25,6 +25,7 @@ pub mod builtin;
 pub mod console;
 mod error;
 pub mod jail;
+pub mod kernel_cmdline;
 pub mod probe;
 pub mod process;
 pub mod qemu;

@@ -23,12 +23,13 @@ use slog::{info, o, Logger};
 use crate::accel::{self, Accel};
 use crate::console::{self, CONSOLE_FD, CONSOLE_LOG_CAP};
 use crate::jail::{self, DevNode, Jail, ReadOnlyFile, SandboxIds};
+use crate::kernel_cmdline::KernelCmdline;
 use crate::process::{
     exit_description, live_helpers, remove_files, stop_started, Daemon, Place, RunningVm, POLL,
 };
 use crate::virtiofsd::{log_command, FsFiles, Shares};
 use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
-use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
+use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 pub use vmm_contract::vmm_json;
 
@@ -86,24 +87,9 @@ impl BuiltinLayout {
 
 /// The guest kernel command line.
 pub fn kernel_cmdline(config: &BuiltinConfig, debug: bool) -> String {
-    let mut cmdline = BASE_KERNEL_PARAMS.to_string();
-    if debug {
-        // The agent logs everything, unthrottled (by default: warnings, rate-limited).
-        cmdline.push(' ');
-        cmdline.push_str(AGENT_DEBUG_LOG);
-    } else {
-        cmdline.push_str(" quiet");
-    }
-    if config.rootfs_share().is_some() {
-        cmdline.push(' ');
-        cmdline.push_str(ROOTFS_SHARE_PARAM);
-    }
-    let extra = config.kernel_params.trim();
-    if !extra.is_empty() {
-        cmdline.push(' ');
-        cmdline.push_str(extra);
-    }
-    cmdline
+    let mut line = KernelCmdline::new(BASE_KERNEL_PARAMS, debug);
+    line.push_if(config.rootfs_share().is_some(), ROOTFS_SHARE_PARAM);
+    line.finish(&config.kernel_params)
 }
 
 /// kata-vmm's `vmm.json` for this sandbox, checked as kata-vmm will check it.

@@ -9,8 +9,9 @@ use super::layout::RunDirLayout;
 use crate::accel::Accel;
 use crate::console::CONSOLE_FD;
 use crate::jail::{fd_path, FIRST_TAP_FD, INITRD_FD, KERNEL_FD};
+use crate::kernel_cmdline::KernelCmdline;
 use crate::SHARED_FS_TAG;
-use protocols::{AGENT_DEBUG_LOG, ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
+use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 /// The guest kernel command line before the user's `kernel_params`. `reboot=t` with
 /// `-no-reboot` makes a guest reboot (or panic, with `panic=-1`) end QEMU.
@@ -99,36 +100,13 @@ pub fn kernel_cmdline(
     debug: bool,
     tcg_clock: Option<&str>,
 ) -> String {
-    let mut cmdline = BASE_KERNEL_PARAMS.to_string();
-    if debug {
-        // The agent logs everything, unthrottled (by default: warnings, rate-limited).
-        cmdline.push(' ');
-        cmdline.push_str(AGENT_DEBUG_LOG);
-    } else {
-        cmdline.push_str(" quiet");
-    }
-    if accel == Accel::Tcg {
-        cmdline.push(' ');
-        cmdline.push_str(TCG_KERNEL_PARAMS);
-        if let Some(clock) = tcg_clock {
-            cmdline.push(' ');
-            cmdline.push_str(clock);
-        }
-    }
-    if config.rootfs_share().is_some() {
-        cmdline.push(' ');
-        cmdline.push_str(ROOTFS_SHARE_PARAM);
-    }
-    if config.block_device_hotplug {
-        cmdline.push(' ');
-        cmdline.push_str(SCSI_SCAN_PARAM);
-    }
-    let extra = config.kernel_params.trim();
-    if !extra.is_empty() {
-        cmdline.push(' ');
-        cmdline.push_str(extra);
-    }
-    cmdline
+    let tcg = accel == Accel::Tcg;
+    let mut line = KernelCmdline::new(BASE_KERNEL_PARAMS, debug);
+    line.push_if(tcg, TCG_KERNEL_PARAMS)
+        .push_if(tcg, tcg_clock.unwrap_or_default())
+        .push_if(config.rootfs_share().is_some(), ROOTFS_SHARE_PARAM)
+        .push_if(config.block_device_hotplug, SCSI_SCAN_PARAM);
+    line.finish(&config.kernel_params)
 }
 
 /// QEMU's arguments (without the program).
