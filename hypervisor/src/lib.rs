@@ -20,6 +20,7 @@
 pub mod accel;
 pub mod adopted;
 pub mod agent_params;
+pub mod backend;
 pub mod bounded_log;
 pub mod builtin;
 pub mod console;
@@ -35,6 +36,7 @@ pub use vmm_contract::test_skip;
 mod virtiofsd;
 mod vm;
 
+pub use backend::{Backend, Vm};
 pub use error::Error;
 pub use process::kill_and_reap;
 pub use vm::{AttachedBlock, Hypervisor, NetDevice, VmConfig, VmInfo};
@@ -47,8 +49,10 @@ pub use protocols::SHARED_FS_TAG;
 pub fn new_hypervisor(cfg: &kata_config::Config, logger: slog::Logger) -> Box<dyn Hypervisor> {
     let (qemu, builtin) = backend_configs(cfg);
     match cfg.runtime.hypervisor_name {
-        kata_config::HypervisorName::Qemu => Box::new(qemu::Qemu::new(qemu, logger)),
-        kata_config::HypervisorName::Builtin => Box::new(builtin::Builtin::new(builtin, logger)),
+        kata_config::HypervisorName::Qemu => Box::new(Vm::new(qemu::Qemu::new(qemu, logger))),
+        kata_config::HypervisorName::Builtin => {
+            Box::new(Vm::new(builtin::Builtin::new(builtin, logger)))
+        }
     }
 }
 

@@ -17,18 +17,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use kata_config::BuiltinConfig;
-use slog::{info, o, Logger};
+use kata_config::{BuiltinConfig, HostProcesses};
+use slog::{o, Logger};
 
 use crate::accel::{self, Accel};
+use crate::backend::Backend;
 use crate::console::{self, CONSOLE_FD, CONSOLE_LOG_CAP};
 use crate::jail::{self, DevNode, Jail, ReadOnlyFile, SandboxIds};
 use crate::kernel_cmdline::KernelCmdline;
-use crate::process::{
-    exit_description, live_helpers, remove_files, stop_started, Daemon, Place, RunningVm, POLL,
-};
+use crate::process::{exit_description, Daemon, Place, POLL};
 use crate::virtiofsd::{log_command, FsFiles, Shares};
-use crate::{Error, Hypervisor, VmConfig, VmInfo, SHARED_FS_TAG};
+use crate::{Error, VmConfig, VmInfo, SHARED_FS_TAG};
 use protocols::{ROOTFS_FS_TAG, ROOTFS_SHARE_PARAM};
 
 pub use vmm_contract::vmm_json;
@@ -168,9 +167,6 @@ fn write_vmm_config(path: &Path, vmm: &vmm_json::VmConfig) -> Result<(), Error> 
 pub struct Builtin {
     config: BuiltinConfig,
     logger: Logger,
-    running: Option<RunningVm>,
-    /// The uid and gid kata-vmm runs as, claimed while the VM runs.
-    ids: Option<SandboxIds>,
     /// Refuse to start where KVM cannot run guests at full speed (off only in tests, which
     /// boot tiny guests on an emulated KVM).
     require_full_speed: bool,
@@ -181,8 +177,6 @@ impl Builtin {
         Self {
             config,
             logger: logger.new(o!("hypervisor" => "builtin")),
-            running: None,
-            ids: None,
             require_full_speed: true,
         }
     }
@@ -227,15 +221,16 @@ impl Builtin {
     }
 
     /// Starts virtiofsd, then kata-vmm, pushing each pid to `started` as soon as it exists.
-    async fn launch(
+    async fn start_processes(
         &self,
         cfg: &VmConfig,
         layout: &BuiltinLayout,
+        ids: Option<&SandboxIds>,
         started: &mut Vec<i32>,
     ) -> Result<i32, Error> {
         // kata-vmm runs in the pod's network namespace, where it opens its taps by name.
         let place = Place::new(cfg, true)?;
-        if let Some(ids) = &self.ids {
+        if let Some(ids) = ids {
             jail::own_run_dir(&cfg.run_dir, ids)?;
         }
         let (mut share_pids, mut rootfs_pids) = (Vec::new(), Vec::new());
@@ -261,7 +256,7 @@ impl Builtin {
         let mut jail = None;
         // Confined, it runs by its real path, which its minimal root holds.
         let mut program = self.config.path.clone();
-        if let Some(ids) = &self.ids {
+        if let Some(ids) = ids {
             program = jail::real_path(&self.config.path)?;
             // virtiofsd (root) made them; kata-vmm connects as the sandbox's uid.
             let sockets: Vec<&Path> = vmm.fs.iter().map(|fs| fs.socket.as_path()).collect();
@@ -335,72 +330,54 @@ async fn wait_ready(d: &Daemon<'_>, pid: i32, layout: &BuiltinLayout) -> Result<
 }
 
 #[async_trait]
-impl Hypervisor for Builtin {
-    async fn start_vm(&mut self, cfg: &VmConfig) -> Result<VmInfo, Error> {
-        if let Some(r) = &self.running {
-            return Err(Error::AlreadyRunning(r.vmm_pid));
-        }
+impl Backend for Builtin {
+    type Layout = BuiltinLayout;
+    type Launch = ();
+
+    fn logger(&self) -> &Logger {
+        &self.logger
+    }
+
+    fn host_processes(&self) -> HostProcesses {
+        self.config.host_processes
+    }
+
+    fn layout(&self, run_dir: &Path) -> BuiltinLayout {
+        BuiltinLayout::new(run_dir)
+    }
+
+    fn stale_files(&self, layout: &BuiltinLayout) -> Vec<PathBuf> {
+        layout.stale_files()
+    }
+
+    async fn prepare(&self, _cfg: &VmConfig) -> Result<(), Error> {
         self.check_files()?;
         if self.require_full_speed {
             self.check_kvm().await?;
         }
-        let started_at = Instant::now();
-        let layout = BuiltinLayout::new(&cfg.run_dir);
-        remove_files(layout.stale_files())?;
-        if self.config.host_processes.sandboxed && self.ids.is_none() {
-            self.ids = Some(jail::claim_async(self.config.host_processes, &cfg.sandbox_id).await?);
-        }
-        let mut started = Vec::new();
-        match self.launch(cfg, &layout, &mut started).await {
-            Ok(pid) => {
-                let helper_pids = live_helpers(started, pid);
-                info!(self.logger, "VM started"; "vmm_pid" => pid,
-                    "helper_pids" => format!("{helper_pids:?}"),
-                    "elapsed_ms" => started_at.elapsed().as_millis() as u64);
-                let info = VmInfo {
-                    agent_socket: layout.agent_socket.clone(),
-                    vmm_pid: pid,
-                    helper_pids: helper_pids.clone(),
-                    console_log: layout.console_log.clone(),
-                    vmm_log: layout.vmm_log.clone(),
-                    accelerator: "kvm".into(),
-                };
-                self.running = Some(RunningVm {
-                    vmm_pid: pid,
-                    helper_pids,
-                    files: layout.stale_files(),
-                });
-                Ok(info)
-            }
-            Err(e) => {
-                stop_started(&self.logger, &e, started, layout.stale_files()).await;
-                if let Some(ids) = self.ids.take() {
-                    ids.release();
-                }
-                Err(e)
-            }
-        }
+        Ok(())
     }
 
-    async fn stop_vm(&mut self) -> Result<(), Error> {
-        let stopped = match self.running.take() {
-            Some(running) => running.stop(&self.logger).await,
-            None => Ok(()),
-        };
-        // While a process survives as the uid, the id stays claimed.
-        if stopped.is_ok() {
-            if let Some(ids) = self.ids.take() {
-                ids.release();
-            }
-        }
-        stopped
+    async fn launch(
+        &self,
+        cfg: &VmConfig,
+        layout: &BuiltinLayout,
+        _launch: &(),
+        ids: Option<&SandboxIds>,
+        started: &mut Vec<i32>,
+    ) -> Result<i32, Error> {
+        self.start_processes(cfg, layout, ids, started).await
     }
 
-    fn pids(&self) -> Vec<i32> {
-        self.running
-            .as_ref()
-            .map(RunningVm::pids)
-            .unwrap_or_default()
+    fn info(&self, layout: &BuiltinLayout, _: &(), vmm_pid: i32, helper_pids: Vec<i32>) -> VmInfo {
+        VmInfo {
+            agent_socket: layout.agent_socket.clone(),
+            vmm_pid,
+            helper_pids,
+            console_log: layout.console_log.clone(),
+            vmm_log: layout.vmm_log.clone(),
+            accelerator: "kvm".into(),
+        }
     }
 
     async fn add_block_device(

@@ -2,6 +2,8 @@ use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
 use super::*;
+use crate::backend::Vm;
+use crate::Hypervisor;
 use crate::test_skip::skipped;
 
 fn config(dir: &Path) -> BuiltinConfig {
@@ -156,7 +158,7 @@ fn guest(dir: &Path, source: &str) -> Option<PathBuf> {
 fn tiny_guest_backend(
     dir: &Path,
     guest: fn(&Path) -> Option<PathBuf>,
-) -> Option<(Builtin, VmConfig)> {
+) -> Option<(Vm<Builtin>, VmConfig)> {
     let Some(vmm) = kata_vmm() else {
         skipped("needs kata-vmm built (cargo build -p vmm)");
         return None;
@@ -174,7 +176,7 @@ fn tiny_guest_backend(
 }
 
 /// A backend running `vmm` on `kernel`, with run and shared dirs made under `dir`.
-fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) {
+fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Vm<Builtin>, VmConfig) {
     let run_dir = dir.join("run");
     std::fs::create_dir(&run_dir).unwrap();
     let shared = dir.join("shared");
@@ -192,7 +194,7 @@ fn backend_in(dir: &Path, vmm: PathBuf, kernel: PathBuf) -> (Builtin, VmConfig) 
     let mut backend = Builtin::new(c, crate::discard_logger());
     // Tiny guests run on an emulated KVM too.
     backend.require_full_speed = false;
-    (backend, vm)
+    (Vm::new(backend), vm)
 }
 
 #[tokio::test]
@@ -273,7 +275,7 @@ async fn the_serial_console_reaches_console_log() {
 #[tokio::test]
 async fn missing_kernel_is_reported_before_spawning() {
     let dir = tempfile::tempdir().unwrap();
-    let mut backend = Builtin::new(config(dir.path()), crate::discard_logger());
+    let mut backend = Vm::new(Builtin::new(config(dir.path()), crate::discard_logger()));
     let vm = VmConfig {
         sandbox_id: "sb1".into(),
         run_dir: dir.path().to_path_buf(),
@@ -316,7 +318,7 @@ async fn a_vmm_that_fails_to_start_leaves_no_virtiofsd_behind() {
 #[tokio::test]
 async fn a_block_device_is_refused_saying_kata_vmm_cannot_attach_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut vm = Builtin::new(config(dir.path()), crate::discard_logger());
+    let mut vm = Vm::new(Builtin::new(config(dir.path()), crate::discard_logger()));
     let file = std::fs::File::open("/dev/null").unwrap();
     let e = vm
         .add_block_device(file.into(), true)

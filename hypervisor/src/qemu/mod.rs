@@ -21,23 +21,21 @@ pub mod hotplug;
 pub mod layout;
 mod qmp;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use kata_config::QemuConfig;
-use slog::{debug, info, o, Logger};
+use kata_config::{HostProcesses, QemuConfig};
+use slog::{debug, o, Logger};
 
 use crate::accel::{self, Accel};
+use crate::backend::Backend;
 use crate::console::{self, CONSOLE_FD, CONSOLE_LOG_CAP};
 use crate::jail::{self, DevNode, Jail, ReadOnlyFile, SandboxIds};
-use crate::process::{
-    exit_description, live_helpers, remove_files, stop_started, wait_for_sockets, Daemon, Place,
-    RunningVm, Wait, POLL,
-};
+use crate::process::{exit_description, wait_for_sockets, Daemon, Place, Wait, POLL};
 use crate::virtiofsd::{log_command, Shares};
-use crate::{AttachedBlock, Error, Hypervisor, VmConfig, VmInfo};
+use crate::{AttachedBlock, Error, VmConfig, VmInfo};
 use cmdline::QemuLaunch;
 use hotplug::ScsiDisks;
 use layout::RunDirLayout;
@@ -49,9 +47,6 @@ const QEMU_READY_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Qemu {
     config: QemuConfig,
     logger: Logger,
-    running: Option<RunningVm>,
-    /// The uid and gid QEMU and the vsock backend run as, claimed while the VM runs.
-    ids: Option<SandboxIds>,
     /// Disks attached to the running VM (with `block_device_hotplug`).
     disks: Option<ScsiDisks>,
 }
@@ -61,25 +56,24 @@ impl Qemu {
         Self {
             config,
             logger: logger.new(o!("hypervisor" => "qemu")),
-            running: None,
-            ids: None,
             disks: None,
         }
     }
 
     /// Starts the helpers, side by side, then QEMU; every pid started is in `started` when
     /// this returns, also on error.
-    async fn launch(
+    async fn start_processes(
         &self,
         cfg: &VmConfig,
         layout: &RunDirLayout,
-        accel: Accel,
-        tcg_clock: Option<&str>,
+        (accel, tcg_clock): &QemuLaunchChoice,
+        ids: Option<&SandboxIds>,
         started: &mut Vec<i32>,
     ) -> Result<i32, Error> {
+        let (accel, tcg_clock) = (*accel, tcg_clock.as_deref());
         // QEMU runs in the pod's network namespace, where its taps are.
         let place = Place::new(cfg, true)?;
-        if let Some(ids) = &self.ids {
+        if let Some(ids) = ids {
             jail::own_run_dir(&cfg.run_dir, ids)?;
         }
         // The helpers start side by side: QEMU needs every socket, and each daemon spends
@@ -89,13 +83,13 @@ impl Qemu {
             (Vec::new(), Vec::new(), Vec::new());
         let helpers = tokio::try_join!(
             self.start_virtiofsd(cfg, layout, &place, &mut fs_pids, &mut rootfs_fs_pids),
-            self.start_vsock_backend(cfg, layout, &place, &mut vsock_pids),
+            self.start_vsock_backend(cfg, layout, &place, ids, &mut vsock_pids),
         );
         started.extend(fs_pids);
         started.extend(rootfs_fs_pids);
         started.extend(vsock_pids);
         helpers?;
-        if let Some(ids) = &self.ids {
+        if let Some(ids) = ids {
             // virtiofsd (root) made them; QEMU connects as the sandbox's uid.
             let mut sockets = vec![layout.fs.socket.as_path()];
             if self.config.rootfs_share().is_some() {
@@ -115,7 +109,7 @@ impl Qemu {
         let mut files = Vec::new();
         // Confined, it runs by its real path, which its minimal root holds.
         let mut program = self.config.path.clone();
-        if let Some(ids) = &self.ids {
+        if let Some(ids) = ids {
             program = jail::real_path(&self.config.path)?;
             let kernel = ReadOnlyFile::open("kernel", &self.config.kernel)?;
             let initrd = ReadOnlyFile::open("initrd", &self.config.initrd)?;
@@ -148,7 +142,7 @@ impl Qemu {
                 debug: cfg.debug,
                 net: &cfg.net,
                 tcg_clock,
-                confined: self.ids.is_some(),
+                confined: ids.is_some(),
             }),
             env: Vec::new(),
             log: layout.qemu_log.clone(),
@@ -189,10 +183,11 @@ impl Qemu {
         cfg: &VmConfig,
         layout: &RunDirLayout,
         place: &Place,
+        ids: Option<&SandboxIds>,
         started: &mut Vec<i32>,
     ) -> Result<(), Error> {
         // Confined, it runs by its real path, which its minimal root holds.
-        let program = match &self.ids {
+        let program = match ids {
             Some(_) => jail::real_path(&self.config.vsock_backend)?,
             None => self.config.vsock_backend.clone(),
         };
@@ -203,7 +198,7 @@ impl Qemu {
             env: debug_env(cfg.debug),
             log: layout.vsock_log.clone(),
             // It needs no network: unix sockets only.
-            place: match &self.ids {
+            place: match ids {
                 Some(ids) => place.without_netns().jailed(Some(
                     Jail::new(ids, &[], true)?.with_root(&program, &[&cfg.run_dir])?,
                 )),
@@ -223,12 +218,32 @@ impl Qemu {
     }
 }
 
+/// What QEMU's launch needs from the checks: the accelerator and, under TCG, the guest's
+/// clock parameters.
+type QemuLaunchChoice = (Accel, Option<String>);
+
 #[async_trait]
-impl Hypervisor for Qemu {
-    async fn start_vm(&mut self, cfg: &VmConfig) -> Result<VmInfo, Error> {
-        if let Some(r) = &self.running {
-            return Err(Error::AlreadyRunning(r.vmm_pid));
-        }
+impl Backend for Qemu {
+    type Layout = RunDirLayout;
+    type Launch = QemuLaunchChoice;
+
+    fn logger(&self) -> &Logger {
+        &self.logger
+    }
+
+    fn host_processes(&self) -> HostProcesses {
+        self.config.host_processes
+    }
+
+    fn layout(&self, run_dir: &Path) -> RunDirLayout {
+        RunDirLayout::new(run_dir)
+    }
+
+    fn stale_files(&self, layout: &RunDirLayout) -> Vec<PathBuf> {
+        layout.stale_files()
+    }
+
+    async fn prepare(&self, cfg: &VmConfig) -> Result<QemuLaunchChoice, Error> {
         for (what, dir) in [("run_dir", &cfg.run_dir), ("shared_dir", &cfg.shared_dir)] {
             if dir.to_str().is_none() {
                 return Err(Error::Unsupported(format!(
@@ -256,10 +271,6 @@ impl Hypervisor for Qemu {
                 "/dev/vhost-vsock exists but the vhost-user vsock backend is used (hybrid vsock)"
             );
         }
-        let started_at = Instant::now();
-        let layout = RunDirLayout::new(&cfg.run_dir);
-        remove_files(layout.stale_files())?;
-
         let configured = self.config.accelerator;
         let logger = self.logger.clone();
         let (choice, tcg_clock) = tokio::task::spawn_blocking(move || {
@@ -273,77 +284,48 @@ impl Hypervisor for Qemu {
         .unwrap_or_else(|_| Err("the accelerator probe panicked".into()))
         .map_err(Error::Unsupported)?;
 
-        if self.config.host_processes.sandboxed && self.ids.is_none() {
-            self.ids = Some(jail::claim_async(self.config.host_processes, &cfg.sandbox_id).await?);
-        }
-        let mut started = Vec::new();
-        let launched = self
-            .launch(
-                cfg,
-                &layout,
-                choice.accel,
-                tcg_clock.as_deref(),
-                &mut started,
-            )
-            .await;
-        match launched {
-            Ok(vmm_pid) => {
-                let helper_pids = live_helpers(started, vmm_pid);
-                info!(self.logger, "VM started";
-                    "vmm_pid" => vmm_pid,
-                    "helper_pids" => format!("{helper_pids:?}"),
-                    "accelerator" => choice.accel.as_str(),
-                    "elapsed_ms" => started_at.elapsed().as_millis() as u64);
-                let info = VmInfo {
-                    agent_socket: layout.agent_socket.clone(),
-                    vmm_pid,
-                    helper_pids: helper_pids.clone(),
-                    console_log: layout.console_log.clone(),
-                    vmm_log: layout.qemu_log.clone(),
-                    accelerator: choice.accel.as_str().into(),
-                };
-                self.running = Some(RunningVm {
-                    vmm_pid,
-                    helper_pids,
-                    files: layout.stale_files(),
-                });
-                self.disks = self
-                    .config
-                    .block_device_hotplug
-                    .then(|| ScsiDisks::new(layout.qmp_socket.clone()));
-                Ok(info)
-            }
-            Err(e) => {
-                stop_started(&self.logger, &e, started, layout.stale_files()).await;
-                if let Some(ids) = self.ids.take() {
-                    ids.release();
-                }
-                Err(e)
-            }
+        Ok((choice.accel, tcg_clock))
+    }
+
+    async fn launch(
+        &self,
+        cfg: &VmConfig,
+        layout: &RunDirLayout,
+        launch: &QemuLaunchChoice,
+        ids: Option<&SandboxIds>,
+        started: &mut Vec<i32>,
+    ) -> Result<i32, Error> {
+        self.start_processes(cfg, layout, launch, ids, started)
+            .await
+    }
+
+    fn info(
+        &self,
+        layout: &RunDirLayout,
+        (accel, _): &QemuLaunchChoice,
+        vmm_pid: i32,
+        helper_pids: Vec<i32>,
+    ) -> VmInfo {
+        VmInfo {
+            agent_socket: layout.agent_socket.clone(),
+            vmm_pid,
+            helper_pids,
+            console_log: layout.console_log.clone(),
+            vmm_log: layout.qemu_log.clone(),
+            accelerator: accel.as_str().into(),
         }
     }
 
-    async fn stop_vm(&mut self) -> Result<(), Error> {
+    fn running(&mut self, layout: &RunDirLayout) {
+        self.disks = self
+            .config
+            .block_device_hotplug
+            .then(|| ScsiDisks::new(layout.qmp_socket.clone()));
+    }
+
+    fn stopping(&mut self) {
         // The VM's end detaches its disks, and QEMU's closes their descriptors.
         self.disks = None;
-        let stopped = match self.running.take() {
-            Some(running) => running.stop(&self.logger).await,
-            None => Ok(()),
-        };
-        // While a process survives as the uid, the id stays claimed.
-        if stopped.is_ok() {
-            if let Some(ids) = self.ids.take() {
-                ids.release();
-            }
-        }
-        stopped
-    }
-
-    fn pids(&self) -> Vec<i32> {
-        self.running
-            .as_ref()
-            .map(RunningVm::pids)
-            .unwrap_or_default()
     }
 
     async fn add_block_device(
