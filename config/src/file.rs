@@ -182,7 +182,7 @@ pub(crate) struct FactorySection {
 }
 
 /// Where the pool lives unless `vm_cache_dir` says otherwise.
-pub const DEFAULT_VM_CACHE_DIR: &str = "/run/vc/pool";
+pub use layout::POOL_DIR as DEFAULT_VM_CACHE_DIR;
 
 impl Default for FactorySection {
     fn default() -> Self {

@@ -10,7 +10,7 @@ use crate::log;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8090";
 pub const DEFAULT_ENDPOINT: &str = "/run/containerd/containerd.sock";
 /// Where the shims keep their sandboxes (`/run/vc/sbs/<id>/shim-monitor.sock`).
-pub const DEFAULT_SANDBOXES: &str = "/run/vc/sbs";
+pub use layout::SANDBOX_STATES as DEFAULT_SANDBOXES;
 /// How long one shim may take to answer (Kata's monitor waits 3 s too).
 pub const DEFAULT_SHIM_TIMEOUT: Duration = Duration::from_secs(3);
 

@@ -20,9 +20,9 @@ use std::time::Duration;
 use nix::sys::termios::{self, SetArg, Termios};
 
 /// Where the shim persists each sandbox (shim's `persist::sandbox_state_root`).
-pub const SANDBOX_STATE_ROOT: &str = "/run/vc/sbs";
+pub use layout::SANDBOX_STATES as SANDBOX_STATE_ROOT;
 /// Each sandbox VM's run directory (shim's `persist::vm_run_root`).
-pub const VM_RUN_ROOT: &str = "/run/vc/vm";
+pub use layout::VM_RUN_DIRS as VM_RUN_ROOT;
 /// How long the VMM side may take to answer `CONNECT`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The terminal's end-of-file character, sent when a piped stdin ends.

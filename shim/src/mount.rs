@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 /// Root of the per-sandbox shares on the host.
-pub const SHARE_ROOT: &str = "/run/kata-containers/shared/sandboxes";
+pub use layout::SHARE_ROOT;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{op} {path}: {source}")]

@@ -1,4 +1,4 @@
-//! Sandbox state on disk (`/run/vc/sbs/<sandbox-id>/persist.json`): enough for the
+//! Sandbox state on disk (`/run/vc/sbs/<sandbox-id>/persist.json`, see the `layout` crate): enough for the
 //! `delete` action to clean up after a shim that crashed: the VMM and helper pids, the
 //! directories the sandbox made, and every mount it holds on the host.
 
@@ -6,31 +6,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// Where the sandbox states (`sbs`) and the VMs' run directories (`vm`) live, as in Kata.
-pub const RUN_ROOT: &str = "/run/vc";
-
-/// For tests only: a directory that replaces [`RUN_ROOT`] for the sandbox states and the
-/// VMs' run directories (a small tmpfs a test fills without filling the host's
-/// `/run/vc`). Never for the uid claims (`/run/vc/ids`), which every sandbox of the host
-/// shares. containerd passes its environment to the shims it starts.
-pub const RUN_ROOT_ENV: &str = "KATA_TEST_RUN_VC";
-
-/// [`RUN_ROOT`], or `$KATA_TEST_RUN_VC` when set.
-pub fn run_root() -> PathBuf {
-    std::env::var_os(RUN_ROOT_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(RUN_ROOT), PathBuf::from)
-}
-
-/// Root of the persisted sandbox states (`/run/vc/sbs`).
-pub fn sandbox_state_root() -> PathBuf {
-    run_root().join("sbs")
-}
-
-/// Root of the VMs' run directories, their sockets and logs (`/run/vc/vm`).
-pub fn vm_run_root() -> PathBuf {
-    run_root().join("vm")
-}
+use layout::sandbox_state_root;
+/// For the sandbox's create (task/create.rs), which names it here; the host layout is
+/// the `layout` crate's.
+pub use layout::vm_run_root;
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct SandboxState {

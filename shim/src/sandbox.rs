@@ -172,7 +172,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
-    let run_dir = format!("{}/", persist::vm_run_root().join(state.vm_id()).display());
+    let run_dir = format!("{}/", layout::vm_run_root().join(state.vm_id()).display());
     for pid in procinfo::pid::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
@@ -195,7 +195,7 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // The uid its VMM ran as, which a crashed shim could not give back; kept while one
     // of them survives.
     if survivors.is_empty() {
-        let claims = Path::new(hypervisor::jail::ID_CLAIMS_DIR);
+        let claims = Path::new(layout::ID_CLAIMS_DIR);
         hypervisor::jail::release_claims_of(claims, &state.sandbox_id);
         // A pooled VM's claim names the VM until the sandbox has taken it over.
         if let Some(pooled) = &state.pooled {
@@ -252,7 +252,7 @@ impl Sandbox {
             }
         }
         let shared = SharedDirs::for_sandbox(id);
-        let run_dir = persist::vm_run_root().join(id);
+        let run_dir = layout::vm_run_root().join(id);
         let mut progress = Progress {
             state: SandboxState {
                 sandbox_id: id.to_string(),

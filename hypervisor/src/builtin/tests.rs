@@ -3,8 +3,8 @@ use std::process::Command;
 
 use super::*;
 use crate::backend::Vm;
-use crate::Hypervisor;
 use crate::test_skip::skipped;
+use crate::Hypervisor;
 
 fn config(dir: &Path) -> BuiltinConfig {
     BuiltinConfig {

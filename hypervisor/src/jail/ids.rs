@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::Error;
 
 /// Where sandboxes claim their ids, one file per uid in use.
-pub const ID_CLAIMS_DIR: &str = "/run/vc/ids";
+pub use layout::ID_CLAIMS_DIR;
 
 /// The lock of the whole claims directory (allocation, reclaim and release).
 const LOCK_FILE: &str = ".lock";

@@ -11,7 +11,7 @@ use super::{cstring, sys};
 use crate::Error;
 
 /// Where confined children build their minimal root (see [`Root`]).
-pub const ROOT_STAGE: &str = "/run/vc/jail-root";
+pub use layout::JAIL_ROOT_STAGE as ROOT_STAGE;
 
 /// The path a confined program is run by: its real path, without links or `..`, which
 /// the minimal root holds (see [`super::Jail::with_root`]).

@@ -397,7 +397,7 @@ impl Factory {
         let log = self.log.new(o!("vm" => id.clone()));
         let t0 = Instant::now();
         let shared = SharedDirs::for_sandbox(&id);
-        let run_dir = crate::persist::vm_run_root().join(&id);
+        let run_dir = layout::vm_run_root().join(&id);
         let netns = pool::netns_path(&self.dir, &self.key, &id);
         let mac = random_mac();
         let booting = pool::booting_file(&self.dir, &self.key, &id);
@@ -452,10 +452,8 @@ impl Factory {
         // while the VM runs as it), so the shim that claims the VM can take it over; the
         // processes run on.
         drop(vm);
-        let host_uid = hypervisor::jail::SandboxIds::claimed_by(
-            Path::new(hypervisor::jail::ID_CLAIMS_DIR),
-            &id,
-        );
+        let host_uid =
+            hypervisor::jail::SandboxIds::claimed_by(Path::new(layout::ID_CLAIMS_DIR), &id);
         let virtiofsd_pids = info
             .helper_pids
             .iter()

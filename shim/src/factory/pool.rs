@@ -86,7 +86,7 @@ pub struct PooledVm {
     /// The guest NIC's MAC now (random, locally administered).
     pub mac: String,
     /// The uid and gid its contained VMM runs as (None: containment off). The claim of
-    /// the uid in [`hypervisor::jail::ID_CLAIMS_DIR`] names `id` and is held by nobody
+    /// the uid in [`layout::ID_CLAIMS_DIR`] names `id` and is held by nobody
     /// until a shim takes it over ([`PooledVm::take_over_ids`]).
     pub host_uid: Option<u32>,
     pub host_gid: Option<u32>,
@@ -130,7 +130,7 @@ impl PooledVm {
             return Ok(None);
         };
         hypervisor::jail::SandboxIds::take_over(
-            Path::new(hypervisor::jail::ID_CLAIMS_DIR),
+            Path::new(layout::ID_CLAIMS_DIR),
             uid,
             &self.id,
             sandbox_id,
@@ -335,7 +335,7 @@ pub fn cleanup(vm: &PooledVm) -> Leftovers {
         hypervisor::kill_and_reap(&pids, Duration::from_secs(2))
     };
     if survivors.is_empty() {
-        hypervisor::jail::release_claims_of(Path::new(hypervisor::jail::ID_CLAIMS_DIR), &vm.id);
+        hypervisor::jail::release_claims_of(Path::new(layout::ID_CLAIMS_DIR), &vm.id);
     } else {
         left.0.push(format!(
             "processes {survivors:?} of pooled VM {} survived SIGKILL; its uid stays claimed",
@@ -363,7 +363,7 @@ pub fn cleanup_by_id(dir: &Path, key: &str, id: &str) -> Leftovers {
             vmm_log: PathBuf::new(),
             accelerator: String::new(),
         },
-        run_dir: crate::persist::vm_run_root().join(id),
+        run_dir: layout::vm_run_root().join(id),
         shared: PoolShare {
             made: vec![shared.mounts.clone(), shared.shared.clone()],
             base: shared.base,
