@@ -5,14 +5,20 @@
 //! vsock socket for the agent, `stop_vm` tears everything down, and `pids` lists the
 //! processes to clean up after a crash (see [`kill_and_reap`]).
 //!
+//! [`backend::Vm`] implements the trait once over a [`Backend`] (its run directory's
+//! files, its checks, its launch): clean-up of stale files, the uid claim, the undo of a
+//! failed start and the stop are the same for both backends. [`kernel_cmdline`] builds
+//! the guest's command line for both.
+//!
 //! Backends: [`qemu`] spawns `qemu-system-x86_64 -M microvm` with `virtiofsd` and
 //! the vsock backend (`kata-vsock`) as vhost-user helpers; [`builtin`] spawns the builtin KVM VMM
 //! `kata-vmm` (selected by `[runtime] hypervisor_name = "builtin"`) with `virtiofsd` behind
 //! its virtio-fs, and refuses a KVM that cannot run guests at full speed.
 //! [`console`] keeps the guest's serial console, which the VMM writes to a pipe, in a
 //! bounded `console.log` (a thread per running VM). [`accel`] decides between KVM and
-//! TCG. [`process`] spawns, watches and reaps helper processes by pid, without relying
-//! on `Child::wait` (the shim runs a global SIGCHLD reaper).
+//! TCG. [`process`] spawns, stops and waits for helper processes by pid, without relying
+//! on `Child::wait` (the shim runs a global SIGCHLD reaper); whether a pid runs and how it
+//! ended is `procinfo::pid`'s.
 //!
 //! This crate touches only the sandbox's run directory, the processes it started, and
 //! the accelerator probe cache under `/run/kata-containers/`.

@@ -8,8 +8,9 @@
 //! If a step fails, everything already started is killed and reaped, and the error names
 //! the step and quotes its log. All processes log to files in the run directory.
 //!
-//! Processes are tracked by pid only (see [`crate::process`]); dropping a running
-//! [`Qemu`] leaves them running on purpose, so that a crashed shim's `delete` can still
+//! Processes are tracked by pid only (see [`crate::process`]); the lifecycle is
+//! [`crate::backend`]'s, shared with the builtin backend. Dropping a running
+//! [`Vm`](crate::Vm) leaves them running on purpose, so that a crashed shim's `delete` can still
 //! find and stop them from persisted pids.
 //!
 //! Hosts with `/dev/vhost-vsock` could use QEMU's in-kernel `vhost-vsock-device`, but the
