@@ -1,7 +1,7 @@
-//! Helper and VMM processes, handled by pid: [`spawn`] starts a daemon in its place
+//! Helper and VMM processes, handled by pid: `spawn` starts a daemon in its place
 //! (cgroups, network namespace, passed descriptors, jail) with its output in a capped
-//! log; [`lifecycle`] stops processes by pid with their process groups, stops what a
-//! failed start started, and quotes a log's tail; [`ready`] waits until a daemon listens
+//! log; `lifecycle` stops processes by pid with their process groups, stops what a
+//! failed start started, and quotes a log's tail; `ready` waits until a daemon listens
 //! on its sockets. Whether a pid still runs and how it ended is
 //! [`procinfo::pid`]'s, shared with the shim.
 
