@@ -18,7 +18,7 @@ CASES=(
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
     exec attach logs-follow cp port-forward debug-ephemeral debug-target
-    resources-visible cpu-count qos-classes oom-killed summary-api
+    resources-visible cpu-count qos-classes oom-killed vm-oom-reason summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
 )
@@ -754,6 +754,43 @@ EOF
     until_ok 180 "the container was not OOM-killed" \
         sh -c "kubectl -n $NS get pod oom -o jsonpath='{.status.containerStatuses[0].state.terminated.reason}' | grep -q ."
     eq "$(jp pod/oom '{.status.containerStatuses[0].state.terminated.reason}')" OOMKilled "the termination reason"
+}
+
+# A RuntimeClass whose overhead is far below what the VM costs: kubelet's pod cgroup
+# (the containers' limits plus the overhead) cannot hold the VMM once the guest fills its
+# memory, and the host kernel's OOM killer ends it. The container must end OOMKilled with
+# a message that names the cgroup, its limit and the overhead to set, not a bare 255.
+case_vm-oom-reason() {
+    [ "$RC" = kata ] || skip "runc has no VM: the pod cgroup holds only the containers"
+    local rc=kata-tight-${NS#t-}
+    rc=${rc:0:63}
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: $rc}
+handler: kata
+overhead: {podFixed: {memory: 8Mi, cpu: 10m}}
+EOF
+    trap 'kubectl delete runtimeclass "'"$rc"'" --wait=false >/dev/null 2>&1' EXIT
+    { pod tight | sed "s/runtimeClassName: kata/runtimeClassName: $rc/"; cat <<EOF
+  restartPolicy: Never
+  containers:
+  - name: hog
+    image: $IMG
+    resources: {requests: {cpu: 10m, memory: 256Mi}, limits: {memory: 256Mi}}
+    command: [sh, -c, 'sleep 3; dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 100000']
+EOF
+    } | apply
+    local q='{.status.containerStatuses[0].state.terminated}'
+    until_ok 240 "the hog's VM was not ended by the host's OOM killer" \
+        sh -c "kubectl -n $NS get pod tight -o jsonpath='$q' | grep -q reason"
+    echo "terminated: $(jp pod/tight "$q")"
+    eq "$(jp pod/tight '{.status.containerStatuses[0].state.terminated.reason}')" OOMKilled "the termination reason"
+    eq "$(jp pod/tight '{.status.containerStatuses[0].state.terminated.exitCode}')" 137 "the exit code"
+    local msg
+    msg=$(jp pod/tight '{.status.containerStatuses[0].state.terminated.message}')
+    has "$msg" "is too small for its VM" "the message kubelet shows"
+    has "$msg" "overhead.podFixed.memory" "the message kubelet shows"
 }
 
 # kubelet's Summary API (what kubectl top, metrics-server and the HPA read).
