@@ -865,9 +865,11 @@ impl Sandbox {
         })?;
         let share_dir = self.shared.mounts.join(id);
         let serving = mount::serving_namespaces(&self.helper_pids());
+        let (rootfs, idmapped) = crate::spec::rootfs_without_idmap(rootfs);
+        crate::spec::mark_rootfs_idmap(&mut spec, idmapped);
         let mounts = self
             .host_mounts
-            .setup(bundle, rootfs, &share_dir, &guest_mounts.binds, &serving)
+            .setup(bundle, &rootfs, &share_dir, &guest_mounts.binds, &serving)
             .await?;
         self.add_mounts(&mounts);
         let mut made = HostContainer {

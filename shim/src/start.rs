@@ -365,18 +365,22 @@ pub const MOUNT_OPTIONS: &[&str] = &[
 ];
 
 /// The runtime features (runtime-spec `features.md`) as JSON: what containerd's CRI
-/// reads from `-info` (`mountOptions` holding `rro` turns on recursive read-only
-/// mounts). Only what holds for a container in the guest: no `user` namespace (nor
-/// idmap mounts), so the CRI never asks for user namespaces.
+/// reads from `-info`. `mountOptions` holding `rro` turns on recursive read-only
+/// mounts; a `user` namespace together with `mountExtensions.idmap.enabled` makes the
+/// handler's `userNamespaces` true (containerd 2.x `supportsCRIUserns`), which kubelet
+/// needs to accept `hostUsers: false`, and containerd checks the second before it creates
+/// a container whose mounts carry ID mappings. Both hold in the guest: its kernel (6.12)
+/// ID-maps virtio-fs mounts, which virtiofsd (1.14, `FUSE_ALLOW_IDMAP`) allows.
 pub fn features_json() -> String {
     serde_json::json!({
         "ociVersionMin": "1.0.0",
         "ociVersionMax": "1.3.0",
         "mountOptions": MOUNT_OPTIONS,
         "linux": {
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
             "apparmor": {"enabled": false},
             "selinux": {"enabled": false},
+            "mountExtensions": {"idmap": {"enabled": true}},
         },
     })
     .to_string()
@@ -550,9 +554,10 @@ mod tests {
     /// CRI's `introspectRuntimeFeatures`): these bytes were checked once against
     /// containerd's own Go types (api/types.RuntimeInfo, typeurl with runtime-spec's
     /// features.Features registered as in core/runtime/typeurl.go), which found "rro"
-    /// among mountOptions.
-    const GOLDEN_INFO_HEAD: &[u8] = b"\n\x15io.containerd.kata.v2\x12\x07\n\x050.1.0\"\xd0\x03\nCtypes.containerd.io/opencontainers/runtime-spec/1/features/Features\x12\x88\x03";
-    const GOLDEN_FEATURES: &str = r#"{"linux":{"apparmor":{"enabled":false},"namespaces":["cgroup","ipc","mount","network","pid","uts"],"selinux":{"enabled":false}},"mountOptions":["bind","dev","dirsync","exec","noatime","nodev","nodiratime","noexec","nosuid","private","rbind","relatime","ro","rprivate","rro","rshared","rslave","rw","shared","slave","strictatime","suid","sync"],"ociVersionMax":"1.3.0","ociVersionMin":"1.0.0"}"#;
+    /// among mountOptions; a private containerd 2.3.7's CRI status shows the handler's
+    /// `userNamespaces` true from them (scripts/critest.sh's UserNamespaces specs run).
+    const GOLDEN_INFO_HEAD: &[u8] = b"\n\x15io.containerd.kata.v2\x12\x07\n\x050.1.0\"\x84\x04\nCtypes.containerd.io/opencontainers/runtime-spec/1/features/Features\x12\xbc\x03";
+    const GOLDEN_FEATURES: &str = r#"{"linux":{"apparmor":{"enabled":false},"mountExtensions":{"idmap":{"enabled":true}},"namespaces":["cgroup","ipc","mount","network","pid","user","uts"],"selinux":{"enabled":false}},"mountOptions":["bind","dev","dirsync","exec","noatime","nodev","nodiratime","noexec","nosuid","private","rbind","relatime","ro","rprivate","rro","rshared","rslave","rw","shared","slave","strictatime","suid","sync"],"ociVersionMax":"1.3.0","ociVersionMin":"1.0.0"}"#;
 
     /// The fields of a message, decoded generically (every field here is
     /// length-delimited).
@@ -581,7 +586,7 @@ mod tests {
     }
 
     #[test]
-    fn info_answers_the_runtime_features_containerd_reads_rro_from() {
+    fn info_answers_the_runtime_features_containerd_reads_rro_and_user_namespaces_from() {
         let bytes = runtime_info("io.containerd.kata.v2", "0.1.0", &[]);
         let mut golden = GOLDEN_INFO_HEAD.to_vec();
         golden.extend_from_slice(GOLDEN_FEATURES.as_bytes());
@@ -597,10 +602,14 @@ mod tests {
         let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
         let opts = features["mountOptions"].as_array().unwrap();
         assert!(opts.iter().any(|o| o == "rro"), "{features}");
-        // No user namespace: the CRI must not ask for one (nor idmap mounts).
+        // User namespaces and ID-mapped mounts: what makes the CRI's handler feature
+        // `userNamespaces` true.
         let ns = features["linux"]["namespaces"].as_array().unwrap();
-        assert!(!ns.iter().any(|n| n == "user"), "{features}");
-        assert!(features["linux"].get("mountExtensions").is_none());
+        assert!(ns.iter().any(|n| n == "user"), "{features}");
+        assert_eq!(
+            features["linux"]["mountExtensions"]["idmap"]["enabled"],
+            true
+        );
     }
 
     #[test]
