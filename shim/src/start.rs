@@ -369,21 +369,41 @@ pub const MOUNT_OPTIONS: &[&str] = &[
 /// mounts; a `user` namespace together with `mountExtensions.idmap.enabled` makes the
 /// handler's `userNamespaces` true (containerd 2.x `supportsCRIUserns`), which kubelet
 /// needs to accept `hostUsers: false`, and containerd checks the second before it creates
-/// a container whose mounts carry ID mappings. Both hold in the guest: its kernel (6.12)
-/// ID-maps virtio-fs mounts, which virtiofsd (1.14, `FUSE_ALLOW_IDMAP`) allows.
-pub fn features_json() -> String {
+/// a container whose mounts carry ID mappings. Both hold in the guest: its kernel (6.12,
+/// with guest/patches/0007) ID-maps virtio-fs mounts, which virtiofsd 1.14 allows.
+///
+/// `user_namespaces` false leaves the `user` namespace out (see [`user_namespaces_work`]).
+pub fn features_json(user_namespaces: bool) -> String {
+    let mut namespaces = vec!["cgroup", "ipc", "mount", "network", "pid", "uts"];
+    if user_namespaces {
+        namespaces.insert(5, "user");
+    }
     serde_json::json!({
         "ociVersionMin": "1.0.0",
         "ociVersionMax": "1.3.0",
         "mountOptions": MOUNT_OPTIONS,
         "linux": {
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
+            "namespaces": namespaces,
             "apparmor": {"enabled": false},
             "selinux": {"enabled": false},
             "mountExtensions": {"idmap": {"enabled": true}},
         },
     })
     .to_string()
+}
+
+/// Whether a user-namespaced pod's containers can be created through the runtime entry
+/// whose options containerd sent to `-info`: containerd's CRI (2.3 and 2.4,
+/// `container_start_linux.go`) sets their I/O owner by reading the entry's options as
+/// runc's, and fails the create with `can't unmarshal type "runtimeoptions.v1.Options"`
+/// when the entry has an `options` table (ours: `ConfigPath`). Announcing user
+/// namespaces there would let kubelet accept pods that then fail, so the handler says
+/// no, and kubelet refuses the pod with its reason instead. Without options (the shim
+/// then finds its configuration through $KATA_CONF_FILE or the default lookup),
+/// containerd sends none, or runc's own.
+pub fn user_namespaces_work(options: &[u8]) -> bool {
+    !Any::parse_from_bytes(options)
+        .is_ok_and(|a| a.type_url.ends_with(crate::options::RUNTIME_OPTIONS_TYPE))
 }
 
 /// The `-info` answer: a `containerd.types.RuntimeInfo` (api/types/introspection.proto)
@@ -408,7 +428,11 @@ pub fn runtime_info(name: &str, version: &str, options: &[u8]) -> Vec<u8> {
     bytes_field(&mut ver, 1, version.as_bytes());
     let mut features = Vec::new();
     bytes_field(&mut features, 1, FEATURES_TYPE_URL.as_bytes());
-    bytes_field(&mut features, 2, features_json().as_bytes());
+    bytes_field(
+        &mut features,
+        2,
+        features_json(user_namespaces_work(options)).as_bytes(),
+    );
     let mut out = Vec::new();
     bytes_field(&mut out, 1, name.as_bytes());
     bytes_field(&mut out, 2, &ver);
@@ -610,6 +634,37 @@ mod tests {
             features["linux"]["mountExtensions"]["idmap"]["enabled"],
             true
         );
+    }
+
+    #[test]
+    fn user_namespaces_are_announced_only_where_containerd_can_create_their_containers() {
+        let ns = |options: &[u8]| -> bool {
+            let info = fields(&runtime_info("io.containerd.kata.v2", "0.1.0", options));
+            let any = Any::parse_from_bytes(&info.last().unwrap().1).unwrap();
+            let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
+            assert_eq!(
+                features["linux"]["mountExtensions"]["idmap"]["enabled"],
+                true
+            );
+            let list = features["linux"]["namespaces"].as_array().unwrap().clone();
+            list.iter().any(|n| n == "user")
+        };
+        // A runtime entry without options: containerd sends nothing at start-up, and
+        // runc's options (the I/O owner) at a user-namespaced container's create.
+        assert!(ns(&[]));
+        let runc = Any {
+            type_url: "containerd.runc.v1.Options".into(),
+            value: b"(\xe8\x07".to_vec(),
+            ..Default::default()
+        };
+        assert!(ns(&runc.write_to_bytes().unwrap()));
+        // An options table (ConfigPath): containerd's CRI would fail the containers.
+        let ours = Any {
+            type_url: "runtimeoptions.v1.Options".into(),
+            value: b"\x12\x0f/etc/kata.toml".to_vec(),
+            ..Default::default()
+        };
+        assert!(!ns(&ours.write_to_bytes().unwrap()));
     }
 
     #[test]

@@ -89,21 +89,26 @@ fn mount_one(
     let is_bind = typ == "bind" || flags.contains(MsFlags::MS_BIND);
     let source = m.source.clone().unwrap_or_else(|| typ.to_string());
 
-    let target = if is_bind {
-        let meta = Path::new(&source)
+    let file = is_bind
+        && !Path::new(&source)
             .metadata()
             .map_err(|e| StageError::BindSource {
                 src: source.clone(),
                 destination: m.destination.clone(),
                 source: e,
-            })?;
-        if meta.is_dir() {
-            paths::mkdir_in_root(rootfs, &m.destination)?
+            })?
+            .is_dir();
+    let make = || {
+        if file {
+            paths::touch_in_root(rootfs, &m.destination)
         } else {
-            paths::touch_in_root(rootfs, &m.destination)?
+            paths::mkdir_in_root(rootfs, &m.destination)
         }
-    } else {
-        paths::mkdir_in_root(rootfs, &m.destination)?
+    };
+    // On an ID-mapped rootfs the mount point is made as the container's root.
+    let target = match (make(), idmap) {
+        (Err(e), Some((maps, _))) if userns::unmapped_caller(&e) => maps.as_container_root(make)?,
+        (made, _) => made?,
     };
 
     let data = (!data.is_empty()).then_some(data.as_str());

@@ -93,6 +93,32 @@ impl IdMaps {
         Ok(true)
     }
 
+    /// Runs `f` with the file system ids of the container's root (the guest ids its uid
+    /// and gid 0 map to), so that what it creates on an ID-mapped mount is owned by uid 0
+    /// there: the guest's root itself is outside the mapping, and such a create fails
+    /// with EOVERFLOW. (The file capabilities dropped meanwhile come back with fsuid 0.)
+    pub fn as_container_root<T>(
+        &self,
+        f: impl FnOnce() -> Result<T, StageError>,
+    ) -> Result<T, StageError> {
+        let host_root = |maps: &[IdMapping], what: &str| {
+            maps.iter()
+                .find(|m| m.container_id == 0)
+                .map(|m| m.host_id)
+                .ok_or_else(|| {
+                    StageError::bad_field(what, "maps no container id 0: the rootfs needs a root")
+                })
+        };
+        let uid = host_root(&self.uids, "linux.uidMappings")?;
+        let gid = host_root(&self.gids, "linux.gidMappings")?;
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(gid));
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+        let result = f();
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(0));
+        result
+    }
+
     /// The `/proc/PID/uid_map` text of `maps`.
     fn text(maps: &[IdMapping]) -> String {
         maps.iter()
@@ -257,6 +283,16 @@ fn cstring(p: &Path) -> Result<std::ffi::CString, StageError> {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(p.as_os_str().as_bytes())
         .map_err(|_| StageError::bad_field("mounts", format!("{} has a NUL byte", p.display())))
+}
+
+/// Whether `e` is a create the kernel refused because the caller's ids are not mapped
+/// on the ID-mapped mount it was made on.
+pub fn unmapped_caller(e: &StageError) -> bool {
+    match e {
+        StageError::Io { source, .. } => source.raw_os_error() == Some(libc::EOVERFLOW),
+        StageError::Sys { source, .. } => *source == nix::errno::Errno::EOVERFLOW,
+        _ => false,
+    }
 }
 
 /// Whether the shim asked for the rootfs to be ID-mapped in the guest.
