@@ -21,6 +21,7 @@ CASES=(
     resources-visible cpu-count qos-classes oom-killed vm-oom-reason summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
+    user-namespaces
 )
 # Alone: ten pods at once fill the node's CPUs; restarts disturb every pod.
 SERIAL_CASES=(deployment-scale kubelet-restart containerd-restart)
@@ -884,6 +885,67 @@ EOF
     eq "$(x ids -- stat -c %g /data)" 3003 "the emptyDir's group"
     x ids -- sh -c 'echo x >/data/f'
     eq "$(x ids -- stat -c %u:%g /data/f)" 1001:3003 "a new file's owner on the emptyDir"
+}
+
+# hostUsers: false. The pod's root is an unprivileged uid of the node (uid_map is kubelet's
+# range, not the identity), and its root filesystem and volumes are ID-mapped mounts, as
+# kubelet asks in every mount's uidMappings: files owned by root on the node are root's in
+# the pod, and what the pod's root (or uid 1000) writes on a hostPath is owned on the node
+# by uid 0 (or 1000), the container's uid mapped back through the mount.
+case_user-namespaces() {
+    local handler supported
+    handler=$(kubectl get runtimeclass "$RC" -o jsonpath='{.handler}')
+    supported=$(kubectl get node "$NODE" -o jsonpath="{.status.runtimeHandlers[?(@.name==\"$handler\")].features.userNamespaces}")
+    if [ "$supported" != true ]; then
+        [ "$RC" != kata ] || fail "node's runtimeHandlers: $handler has userNamespaces '$supported', expected true"
+        skip "containerd reports no user namespaces for handler $handler on this host (Debian's runc 1.1.5 has no ID-mapped mounts)"
+    fi
+    local dir=$WORK/userns-$NS
+    mkdir -p "$dir/open"
+    chmod 0755 "$dir"
+    chmod 0777 "$dir/open"
+    echo from-host >"$dir/in"
+    { pod un; cat <<EOF
+  hostUsers: false
+  containers:
+  - name: c
+    image: $IMG
+    $RES
+    command: [sleep, "3600"]
+    volumeMounts: [{name: h, mountPath: /h}]
+  - name: u
+    image: $IMG
+    $RES
+    command: [sleep, "3600"]
+    securityContext: {runAsUser: 1000, runAsGroup: 1000}
+    volumeMounts: [{name: h, mountPath: /h}]
+  volumes:
+  - {name: h, hostPath: {path: $dir, type: Directory}}
+EOF
+    } | apply
+    ready un
+    local map inside outside length
+    map=$(x un -c c -- cat /proc/self/uid_map)
+    read -r inside outside length <<<"$map"
+    eq "$inside" 0 "uid_map's first container uid"
+    [ "$outside" -gt 0 ] && [ "$length" -lt 4294967295 ] ||
+        fail "uid_map: expected kubelet's range, got '$map'"
+    eq "$(x un -c c -- cat /proc/self/gid_map | awk '{print $2}')" "$outside" "gid_map's host gid"
+    eq "$(x un -c c -- stat -c %u:%g /h/in /bin/sh | tr '\n' ' ')" "0:0 0:0 " \
+        "owners in the pod of a root-owned host file and of the image's /bin/sh"
+    x un -c c -- sh -c 'echo from-root >/h/root-out && echo x >/etc/written-by-root'
+    eq "$(stat -c %u:%g "$dir/root-out")" 0:0 "owner on the node of the pod's root's file"
+    x un -c u -- sh -c 'echo from-1000 >/h/open/user-out'
+    eq "$(stat -c %u:%g "$dir/open/user-out")" 1000:1000 "owner on the node of uid 1000's file"
+    # The pod's root is not the node's: a host file of an owner outside the mapping is
+    # nobody's in the pod, and its root cannot write it.
+    # (The guest caches the file's attributes for a moment, as the hostpath case's.)
+    chown 70000:70000 "$dir/in"
+    until_ok 10 "a host file of an owner outside the mapping is not nobody's in the pod" \
+        sh -c "[ \"\$(timeout 60 kubectl -n $NS exec un -c c -- stat -c %u /h/in)\" = 65534 ]"
+    if x un -c c -- sh -c 'echo x >>/h/in' 2>/dev/null; then
+        fail "the pod's root wrote a host file of an owner outside its mapping"
+    fi
 }
 
 case_readonly-rootfs() {
