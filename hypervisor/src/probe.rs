@@ -79,15 +79,8 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
+    use crate::jail::ids::tests::range;
     use crate::jail::own_run_dir;
-
-    fn range(start: u32, count: u32) -> kata_config::HostProcesses {
-        kata_config::HostProcesses {
-            sandboxed: true,
-            uid_start: start,
-            uid_count: count,
-        }
-    }
 
     /// The fields of `/proc/<pid>/status` a confined process must show.
     fn status_field<'a>(status: &'a str, name: &str) -> &'a str {

@@ -122,6 +122,12 @@ pub const GUEST_POD_VOLUMES_DIR: &str = "/run/kata-containers/sandbox/volumes";
 /// subPaths (`<dir>/<container id>/sub-<mount index>`), on the guest's /run tmpfs.
 pub const GUEST_WATCHED_VOLUMES_DIR: &str = "/run/kata-containers/sandbox/watched";
 
+/// An annotation the shim sets on a container's spec when containerd's snapshot of its
+/// rootfs asked for ID-mapped layers (`uidmap=`/`gidmap=`): the shim mounts the snapshot
+/// plainly and the agent ID-maps the rootfs in the guest through the container's user
+/// namespace. The shim removes it from every other spec.
+pub const ROOTFS_IDMAP_ANNOTATION: &str = "io.katacontainers.rootfs.idmap";
+
 /// The namespace types a pod's containers share with its sandbox container when their
 /// spec names one by path.
 pub const POD_SHARED_NAMESPACES: [&str; 3] = ["ipc", "uts", "pid"];

@@ -865,9 +865,11 @@ impl Sandbox {
         })?;
         let share_dir = self.shared.mounts.join(id);
         let serving = mount::serving_namespaces(&self.helper_pids());
+        let (rootfs, idmapped) = crate::spec::rootfs_without_idmap(rootfs);
+        crate::spec::mark_rootfs_idmap(&mut spec, idmapped);
         let mounts = self
             .host_mounts
-            .setup(bundle, rootfs, &share_dir, &guest_mounts.binds, &serving)
+            .setup(bundle, &rootfs, &share_dir, &guest_mounts.binds, &serving)
             .await?;
         self.add_mounts(&mounts);
         let mut made = HostContainer {
@@ -876,6 +878,18 @@ impl Sandbox {
             block_devices: Vec::new(),
         };
         let created = async {
+            if idmapped {
+                // containerd's snapshotter gave the snapshot's top directory to the
+                // container's root on the host (its mapped uid); mapped again in the guest,
+                // that would be no uid of the container: the guest maps uid 0 to its root.
+                let top = bundle.join("rootfs");
+                std::os::unix::fs::lchown(&top, Some(0), Some(0)).map_err(|e| {
+                    ContainerError::Host(HostSetupError::Rootfs {
+                        target: top.clone(),
+                        detail: format!("giving the ID-mapped snapshot's top to uid 0: {e}"),
+                    })
+                })?;
+            }
             let wire = self
                 .attach_block_devices(id, &devices, &mut made.block_devices)
                 .await?;

@@ -240,6 +240,50 @@ pub fn set_guest_rootfs(spec: &mut Value, rootfs_root: &str, cid: &str) {
     }
 }
 
+/// containerd's rootfs mounts without the `uidmap=`/`gidmap=` options its overlay
+/// snapshotter adds for a user namespace (ID-mapped layers, which the host's mount code
+/// here does not make), and whether there were any: then the guest ID-maps the rootfs
+/// through the container's user namespace instead (see [`mark_rootfs_idmap`]), so its
+/// files owned by root on the host are the container's root's, as with runc.
+pub fn rootfs_without_idmap(
+    rootfs: &[containerd_shim_protos::api::Mount],
+) -> (Vec<containerd_shim_protos::api::Mount>, bool) {
+    let mut idmapped = false;
+    let mounts = rootfs
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            let before = m.options.len();
+            m.options
+                .retain(|o| !o.starts_with("uidmap=") && !o.starts_with("gidmap="));
+            idmapped |= m.options.len() != before;
+            m
+        })
+        .collect();
+    (mounts, idmapped)
+}
+
+/// Sets [`protocols::ROOTFS_IDMAP_ANNOTATION`] on `spec` when `idmapped`, and removes
+/// it otherwise: only the shim decides it.
+pub fn mark_rootfs_idmap(spec: &mut Value, idmapped: bool) {
+    let Some(obj) = spec.as_object_mut() else {
+        return;
+    };
+    let annotations = obj
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(a) = annotations.as_object_mut() {
+        if idmapped {
+            a.insert(
+                protocols::ROOTFS_IDMAP_ANNOTATION.into(),
+                Value::String("true".into()),
+            );
+        } else {
+            a.remove(protocols::ROOTFS_IDMAP_ANNOTATION);
+        }
+    }
+}
+
 /// Rewrites `spec` for the guest and returns the host binds and guest volumes it now
 /// relies on.
 /// `pod_member`: the container belongs to another container's pod sandbox, and shares
@@ -442,6 +486,40 @@ pub fn sandbox_of(spec: &Value, cid: &str) -> Result<String, SpecError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_id_mapped_snapshot_is_mounted_plainly_and_mapped_in_the_guest() {
+        let overlay = containerd_shim_protos::api::Mount {
+            type_: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![
+                "index=off".into(),
+                "lowerdir=/l".into(),
+                "uidmap=0:1000:100000".into(),
+                "gidmap=0:1000:100000".into(),
+            ],
+            ..Default::default()
+        };
+        let (mounts, idmapped) = rootfs_without_idmap(std::slice::from_ref(&overlay));
+        assert!(idmapped);
+        assert_eq!(mounts[0].options, vec!["index=off", "lowerdir=/l"]);
+        let mut spec = json!({"annotations": {"a": "b"}});
+        mark_rootfs_idmap(&mut spec, true);
+        assert_eq!(
+            spec["annotations"][protocols::ROOTFS_IDMAP_ANNOTATION],
+            "true"
+        );
+        assert_eq!(spec["annotations"]["a"], "b");
+
+        // A plain snapshot: nothing stripped, and a forged annotation is removed.
+        let (mounts, idmapped) = rootfs_without_idmap(&mounts);
+        assert!(!idmapped);
+        assert_eq!(mounts[0].options.len(), 2);
+        mark_rootfs_idmap(&mut spec, false);
+        assert!(spec["annotations"]
+            .get(protocols::ROOTFS_IDMAP_ANNOTATION)
+            .is_none());
+    }
 
     #[test]
     fn rootfs_and_binds_point_into_the_share() {

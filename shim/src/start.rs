@@ -365,21 +365,45 @@ pub const MOUNT_OPTIONS: &[&str] = &[
 ];
 
 /// The runtime features (runtime-spec `features.md`) as JSON: what containerd's CRI
-/// reads from `-info` (`mountOptions` holding `rro` turns on recursive read-only
-/// mounts). Only what holds for a container in the guest: no `user` namespace (nor
-/// idmap mounts), so the CRI never asks for user namespaces.
-pub fn features_json() -> String {
+/// reads from `-info`. `mountOptions` holding `rro` turns on recursive read-only
+/// mounts; a `user` namespace together with `mountExtensions.idmap.enabled` makes the
+/// handler's `userNamespaces` true (containerd 2.x `supportsCRIUserns`), which kubelet
+/// needs to accept `hostUsers: false`, and containerd checks the second before it creates
+/// a container whose mounts carry ID mappings. Both hold in the guest: its kernel (6.12,
+/// with guest/patches/0007) ID-maps virtio-fs mounts, which virtiofsd 1.14 allows.
+///
+/// `user_namespaces` false leaves the `user` namespace out (see [`user_namespaces_work`]).
+pub fn features_json(user_namespaces: bool) -> String {
+    let mut namespaces = vec!["cgroup", "ipc", "mount", "network", "pid", "uts"];
+    if user_namespaces {
+        namespaces.insert(5, "user");
+    }
     serde_json::json!({
         "ociVersionMin": "1.0.0",
         "ociVersionMax": "1.3.0",
         "mountOptions": MOUNT_OPTIONS,
         "linux": {
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "namespaces": namespaces,
             "apparmor": {"enabled": false},
             "selinux": {"enabled": false},
+            "mountExtensions": {"idmap": {"enabled": true}},
         },
     })
     .to_string()
+}
+
+/// Whether a user-namespaced pod's containers can be created through the runtime entry
+/// whose options containerd sent to `-info`: containerd's CRI (2.3 and 2.4,
+/// `container_start_linux.go`) sets their I/O owner by reading the entry's options as
+/// runc's, and fails the create with `can't unmarshal type "runtimeoptions.v1.Options"`
+/// when the entry has an `options` table (ours: `ConfigPath`). Announcing user
+/// namespaces there would let kubelet accept pods that then fail, so the handler says
+/// no, and kubelet refuses the pod with its reason instead. Without options (the shim
+/// then finds its configuration through $KATA_CONF_FILE or the default lookup),
+/// containerd sends none, or runc's own.
+pub fn user_namespaces_work(options: &[u8]) -> bool {
+    !Any::parse_from_bytes(options)
+        .is_ok_and(|a| a.type_url.ends_with(crate::options::RUNTIME_OPTIONS_TYPE))
 }
 
 /// The `-info` answer: a `containerd.types.RuntimeInfo` (api/types/introspection.proto)
@@ -404,7 +428,11 @@ pub fn runtime_info(name: &str, version: &str, options: &[u8]) -> Vec<u8> {
     bytes_field(&mut ver, 1, version.as_bytes());
     let mut features = Vec::new();
     bytes_field(&mut features, 1, FEATURES_TYPE_URL.as_bytes());
-    bytes_field(&mut features, 2, features_json().as_bytes());
+    bytes_field(
+        &mut features,
+        2,
+        features_json(user_namespaces_work(options)).as_bytes(),
+    );
     let mut out = Vec::new();
     bytes_field(&mut out, 1, name.as_bytes());
     bytes_field(&mut out, 2, &ver);
@@ -550,9 +578,10 @@ mod tests {
     /// CRI's `introspectRuntimeFeatures`): these bytes were checked once against
     /// containerd's own Go types (api/types.RuntimeInfo, typeurl with runtime-spec's
     /// features.Features registered as in core/runtime/typeurl.go), which found "rro"
-    /// among mountOptions.
-    const GOLDEN_INFO_HEAD: &[u8] = b"\n\x15io.containerd.kata.v2\x12\x07\n\x050.1.0\"\xd0\x03\nCtypes.containerd.io/opencontainers/runtime-spec/1/features/Features\x12\x88\x03";
-    const GOLDEN_FEATURES: &str = r#"{"linux":{"apparmor":{"enabled":false},"namespaces":["cgroup","ipc","mount","network","pid","uts"],"selinux":{"enabled":false}},"mountOptions":["bind","dev","dirsync","exec","noatime","nodev","nodiratime","noexec","nosuid","private","rbind","relatime","ro","rprivate","rro","rshared","rslave","rw","shared","slave","strictatime","suid","sync"],"ociVersionMax":"1.3.0","ociVersionMin":"1.0.0"}"#;
+    /// among mountOptions; a private containerd 2.3.7's CRI status shows the handler's
+    /// `userNamespaces` true from them (scripts/critest.sh's UserNamespaces specs run).
+    const GOLDEN_INFO_HEAD: &[u8] = b"\n\x15io.containerd.kata.v2\x12\x07\n\x050.1.0\"\x84\x04\nCtypes.containerd.io/opencontainers/runtime-spec/1/features/Features\x12\xbc\x03";
+    const GOLDEN_FEATURES: &str = r#"{"linux":{"apparmor":{"enabled":false},"mountExtensions":{"idmap":{"enabled":true}},"namespaces":["cgroup","ipc","mount","network","pid","user","uts"],"selinux":{"enabled":false}},"mountOptions":["bind","dev","dirsync","exec","noatime","nodev","nodiratime","noexec","nosuid","private","rbind","relatime","ro","rprivate","rro","rshared","rslave","rw","shared","slave","strictatime","suid","sync"],"ociVersionMax":"1.3.0","ociVersionMin":"1.0.0"}"#;
 
     /// The fields of a message, decoded generically (every field here is
     /// length-delimited).
@@ -581,7 +610,7 @@ mod tests {
     }
 
     #[test]
-    fn info_answers_the_runtime_features_containerd_reads_rro_from() {
+    fn info_answers_the_runtime_features_containerd_reads_rro_and_user_namespaces_from() {
         let bytes = runtime_info("io.containerd.kata.v2", "0.1.0", &[]);
         let mut golden = GOLDEN_INFO_HEAD.to_vec();
         golden.extend_from_slice(GOLDEN_FEATURES.as_bytes());
@@ -597,10 +626,45 @@ mod tests {
         let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
         let opts = features["mountOptions"].as_array().unwrap();
         assert!(opts.iter().any(|o| o == "rro"), "{features}");
-        // No user namespace: the CRI must not ask for one (nor idmap mounts).
+        // User namespaces and ID-mapped mounts: what makes the CRI's handler feature
+        // `userNamespaces` true.
         let ns = features["linux"]["namespaces"].as_array().unwrap();
-        assert!(!ns.iter().any(|n| n == "user"), "{features}");
-        assert!(features["linux"].get("mountExtensions").is_none());
+        assert!(ns.iter().any(|n| n == "user"), "{features}");
+        assert_eq!(
+            features["linux"]["mountExtensions"]["idmap"]["enabled"],
+            true
+        );
+    }
+
+    #[test]
+    fn user_namespaces_are_announced_only_where_containerd_can_create_their_containers() {
+        let ns = |options: &[u8]| -> bool {
+            let info = fields(&runtime_info("io.containerd.kata.v2", "0.1.0", options));
+            let any = Any::parse_from_bytes(&info.last().unwrap().1).unwrap();
+            let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
+            assert_eq!(
+                features["linux"]["mountExtensions"]["idmap"]["enabled"],
+                true
+            );
+            let list = features["linux"]["namespaces"].as_array().unwrap().clone();
+            list.iter().any(|n| n == "user")
+        };
+        // A runtime entry without options: containerd sends nothing at start-up, and
+        // runc's options (the I/O owner) at a user-namespaced container's create.
+        assert!(ns(&[]));
+        let runc = Any {
+            type_url: "containerd.runc.v1.Options".into(),
+            value: b"(\xe8\x07".to_vec(),
+            ..Default::default()
+        };
+        assert!(ns(&runc.write_to_bytes().unwrap()));
+        // An options table (ConfigPath): containerd's CRI would fail the containers.
+        let ours = Any {
+            type_url: "runtimeoptions.v1.Options".into(),
+            value: b"\x12\x0f/etc/kata.toml".to_vec(),
+            ..Default::default()
+        };
+        assert!(!ns(&ours.write_to_bytes().unwrap()));
     }
 
     #[test]

@@ -18,9 +18,10 @@ CASES=(
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
     exec attach logs-follow cp port-forward debug-ephemeral debug-target
-    resources-visible cpu-count qos-classes oom-killed summary-api
+    resources-visible cpu-count qos-classes oom-killed vm-oom-reason summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
+    user-namespaces
 )
 # Alone: ten pods at once fill the node's CPUs; restarts disturb every pod.
 SERIAL_CASES=(deployment-scale kubelet-restart containerd-restart)
@@ -756,6 +757,43 @@ EOF
     eq "$(jp pod/oom '{.status.containerStatuses[0].state.terminated.reason}')" OOMKilled "the termination reason"
 }
 
+# A RuntimeClass whose overhead is far below what the VM costs: kubelet's pod cgroup
+# (the containers' limits plus the overhead) cannot hold the VMM once the guest fills its
+# memory, and the host kernel's OOM killer ends it. The container must end OOMKilled with
+# a message that names the cgroup, its limit and the overhead to set, not a bare 255.
+case_vm-oom-reason() {
+    [ "$RC" = kata ] || skip "runc has no VM: the pod cgroup holds only the containers"
+    local rc=kata-tight-${NS#t-}
+    rc=${rc:0:63}
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: $rc}
+handler: kata
+overhead: {podFixed: {memory: 8Mi, cpu: 10m}}
+EOF
+    trap 'kubectl delete runtimeclass "'"$rc"'" --wait=false >/dev/null 2>&1' EXIT
+    { pod tight | sed "s/runtimeClassName: kata/runtimeClassName: $rc/"; cat <<EOF
+  restartPolicy: Never
+  containers:
+  - name: hog
+    image: $IMG
+    resources: {requests: {cpu: 10m, memory: 256Mi}, limits: {memory: 256Mi}}
+    command: [sh, -c, 'sleep 3; dd if=/dev/zero of=/dev/null bs=200M count=1; sleep 100000']
+EOF
+    } | apply
+    local q='{.status.containerStatuses[0].state.terminated}'
+    until_ok 240 "the hog's VM was not ended by the host's OOM killer" \
+        sh -c "kubectl -n $NS get pod tight -o jsonpath='$q' | grep -q reason"
+    echo "terminated: $(jp pod/tight "$q")"
+    eq "$(jp pod/tight '{.status.containerStatuses[0].state.terminated.reason}')" OOMKilled "the termination reason"
+    eq "$(jp pod/tight '{.status.containerStatuses[0].state.terminated.exitCode}')" 137 "the exit code"
+    local msg
+    msg=$(jp pod/tight '{.status.containerStatuses[0].state.terminated.message}')
+    has "$msg" "is too small for its VM" "the message kubelet shows"
+    has "$msg" "overhead.podFixed.memory" "the message kubelet shows"
+}
+
 # kubelet's Summary API (what kubectl top, metrics-server and the HPA read).
 case_summary-api() {
     { pod stats; cat <<EOF
@@ -847,6 +885,67 @@ EOF
     eq "$(x ids -- stat -c %g /data)" 3003 "the emptyDir's group"
     x ids -- sh -c 'echo x >/data/f'
     eq "$(x ids -- stat -c %u:%g /data/f)" 1001:3003 "a new file's owner on the emptyDir"
+}
+
+# hostUsers: false. The pod's root is an unprivileged uid of the node (uid_map is kubelet's
+# range, not the identity), and its root filesystem and volumes are ID-mapped mounts, as
+# kubelet asks in every mount's uidMappings: files owned by root on the node are root's in
+# the pod, and what the pod's root (or uid 1000) writes on a hostPath is owned on the node
+# by uid 0 (or 1000), the container's uid mapped back through the mount.
+case_user-namespaces() {
+    local handler supported
+    handler=$(kubectl get runtimeclass "$RC" -o jsonpath='{.handler}')
+    supported=$(kubectl get node "$NODE" -o jsonpath="{.status.runtimeHandlers[?(@.name==\"$handler\")].features.userNamespaces}")
+    if [ "$supported" != true ]; then
+        [ "$RC" != kata ] || fail "node's runtimeHandlers: $handler has userNamespaces '$supported', expected true"
+        skip "containerd reports no user namespaces for handler $handler on this host (Debian's runc 1.1.5 has no ID-mapped mounts)"
+    fi
+    local dir=$WORK/userns-$NS
+    mkdir -p "$dir/open"
+    chmod 0755 "$dir"
+    chmod 0777 "$dir/open"
+    echo from-host >"$dir/in"
+    { pod un; cat <<EOF
+  hostUsers: false
+  containers:
+  - name: c
+    image: $IMG
+    $RES
+    command: [sleep, "3600"]
+    volumeMounts: [{name: h, mountPath: /h}]
+  - name: u
+    image: $IMG
+    $RES
+    command: [sleep, "3600"]
+    securityContext: {runAsUser: 1000, runAsGroup: 1000}
+    volumeMounts: [{name: h, mountPath: /h}]
+  volumes:
+  - {name: h, hostPath: {path: $dir, type: Directory}}
+EOF
+    } | apply
+    ready un
+    local map inside outside length
+    map=$(x un -c c -- cat /proc/self/uid_map)
+    read -r inside outside length <<<"$map"
+    eq "$inside" 0 "uid_map's first container uid"
+    [ "$outside" -gt 0 ] && [ "$length" -lt 4294967295 ] ||
+        fail "uid_map: expected kubelet's range, got '$map'"
+    eq "$(x un -c c -- cat /proc/self/gid_map | awk '{print $2}')" "$outside" "gid_map's host gid"
+    eq "$(x un -c c -- stat -c %u:%g /h/in /bin/sh | tr '\n' ' ')" "0:0 0:0 " \
+        "owners in the pod of a root-owned host file and of the image's /bin/sh"
+    x un -c c -- sh -c 'echo from-root >/h/root-out && echo x >/etc/written-by-root'
+    eq "$(stat -c %u:%g "$dir/root-out")" 0:0 "owner on the node of the pod's root's file"
+    x un -c u -- sh -c 'echo from-1000 >/h/open/user-out'
+    eq "$(stat -c %u:%g "$dir/open/user-out")" 1000:1000 "owner on the node of uid 1000's file"
+    # The pod's root is not the node's: a host file of an owner outside the mapping is
+    # nobody's in the pod, and its root cannot write it.
+    # (The guest caches the file's attributes for a moment, as the hostpath case's.)
+    chown 70000:70000 "$dir/in"
+    until_ok 10 "a host file of an owner outside the mapping is not nobody's in the pod" \
+        sh -c "[ \"\$(timeout 60 kubectl -n $NS exec un -c c -- stat -c %u /h/in)\" = 65534 ]"
+    if x un -c c -- sh -c 'echo x >>/h/in' 2>/dev/null; then
+        fail "the pod's root wrote a host file of an owner outside its mapping"
+    fi
 }
 
 case_readonly-rootfs() {

@@ -8,11 +8,13 @@
 //! reports them.
 
 use std::ffi::CString;
+use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::stat::{umask, Mode};
 use nix::unistd::{chdir, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
@@ -35,6 +37,10 @@ pub struct Launch<'a> {
     /// runc does, so the start does not walk the container's PATH through the rootfs
     /// share a second time.
     exe: Option<PathBuf>,
+    /// The container's user namespace, joined after the rlimits (raising one needs the
+    /// guest's CAP_SYS_RESOURCE) and before the user is taken, so the ids are the
+    /// container's and its capabilities hold only inside the namespace.
+    userns: Option<File>,
 }
 
 impl<'a> Launch<'a> {
@@ -54,6 +60,7 @@ impl<'a> Launch<'a> {
             uid: process.user.uid,
             gid: process.user.gid,
             exe: None,
+            userns: None,
         })
     }
 
@@ -113,6 +120,12 @@ impl<'a> Launch<'a> {
         Ok(self)
     }
 
+    /// Runs the process in the user namespace `ns` (an open `/proc/PID/ns/user`).
+    pub fn in_user_namespace(mut self, ns: Option<File>) -> Self {
+        self.userns = ns;
+        self
+    }
+
     /// Turns this process into the container process; returns only on error.
     pub fn exec(mut self, sync: BorrowedFd<'_>) -> Result<(), StageError> {
         let process = self.process;
@@ -136,6 +149,10 @@ impl<'a> Launch<'a> {
             );
         }
         rlimits::apply(&process.rlimits)?;
+        if let Some(ns) = self.userns.take() {
+            setns(&ns, CloneFlags::CLONE_NEWUSER)
+                .map_err(|e| StageError::sys("join the container's user namespace", e))?;
+        }
 
         // As runc: chdir while still root, and again as the user if root was refused
         // (a directory the container user may enter but root-without-caps may not).

@@ -24,6 +24,7 @@ mod seccomp;
 pub mod spawner;
 mod sys;
 pub mod sysctl;
+mod userns;
 
 use std::fs::File;
 use std::io::Read;
@@ -84,10 +85,14 @@ fn run(sync: BorrowedFd<'_>) -> Result<(), StageError> {
             init_pid,
             seccomp,
         } => {
+            let userns = user_namespace_of(init_pid)?;
             enter_namespaces_of(init_pid)?;
             fork_and(sync, |sync| {
                 let launch = launch::Launch::prepare(sync, &process, seccomp.as_ref())?;
-                launch.check_in_rootfs()?.exec(sync)
+                launch
+                    .check_in_rootfs()?
+                    .in_user_namespace(userns)
+                    .exec(sync)
             })
         }
     }
@@ -137,15 +142,23 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
                 flags.remove(flag);
                 join.push((path.to_string(), flag));
             }
-            None if matches!(ns.typ.as_str(), "network" | "user") => {
-                // The guest's network belongs to the whole sandbox; user namespaces are
-                // not supported by this executor yet. (A cgroup namespace is unshared
-                // below, after joining the cgroup, so its root is the container's.)
+            None if ns.typ == "network" => {
+                // The guest's network belongs to the whole sandbox. (A cgroup namespace
+                // is unshared below, after joining the cgroup, so its root is the
+                // container's.)
                 log(sync, format!("not creating a {} namespace", ns.typ));
             }
+            // Made below with its mappings ([`userns`]), joined by the container
+            // process last.
+            None if ns.typ == "user" => {}
             None => flags.insert(flag),
         }
     }
+    // A user namespace named by path is the host's (the shim drops such paths): every
+    // container with one gets its own here, with the spec's mappings.
+    join.retain(|(_, flag)| *flag != CloneFlags::CLONE_NEWUSER);
+    let maps = userns::IdMaps::of_spec(&spec)?;
+    let userns = maps.as_ref().map(userns::IdMaps::create).transpose()?;
     for (path, flag) in &join {
         let file = File::open(path).map_err(|e| StageError::io("open namespace", path, e))?;
         setns(file.as_fd(), *flag)
@@ -159,8 +172,9 @@ fn create(sync: BorrowedFd<'_>, spec: Spec) -> Result<(), StageError> {
             .ok_or(StageError::MissingField("process"))?;
         let seccomp = spec.linux.as_ref().and_then(|l| l.seccomp.as_ref());
         let launch = launch::Launch::prepare(sync, process, seccomp)?;
-        mounts::prepare_rootfs(sync, &spec)?;
-        let launch = launch.check_in_rootfs()?;
+        let idmap = maps.as_ref().zip(userns.as_ref());
+        mounts::prepare_rootfs(sync, &spec, idmap)?;
+        let launch = launch.check_in_rootfs()?.in_user_namespace(userns);
         if let Some(hostname) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
             nix::unistd::sethostname(hostname)
                 .map_err(|e| StageError::sys(format!("set hostname {hostname:?}"), e))?;
@@ -201,6 +215,21 @@ fn enter_namespaces_of(pid: i32) -> Result<(), StageError> {
             .map_err(|e| StageError::sys(format!("join namespace {path}"), e))?;
     }
     Ok(())
+}
+
+/// The user namespace of a running container's init, when it is not the guest's own: an
+/// exec joins it as the container's process did (last, see `launch`).
+fn user_namespace_of(pid: i32) -> Result<Option<File>, StageError> {
+    let theirs = format!("/proc/{pid}/ns/user");
+    let same = std::fs::read_link(&theirs).map_err(|e| StageError::io("read", &theirs, e))?
+        == std::fs::read_link("/proc/self/ns/user")
+            .map_err(|e| StageError::io("read", "/proc/self/ns/user", e))?;
+    if same {
+        return Ok(None);
+    }
+    File::open(&theirs)
+        .map(Some)
+        .map_err(|e| StageError::io("open", theirs, e))
 }
 
 /// Forks; the child runs `child` (which only returns on error), the parent reports the

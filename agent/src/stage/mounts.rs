@@ -6,6 +6,7 @@
 //! Runs in the container's init process before it waits for start; touches nothing
 //! outside that mount namespace (the root is made a slave first).
 
+use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
@@ -13,11 +14,20 @@ use nix::mount::{umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root};
 
 use super::sys::do_mount;
+use super::userns::{self, IdMaps};
 use super::{devices, log, paths, sysctl, StageError};
 use crate::spec::{Mount, Spec};
 
+/// The container's user namespace: its mappings and the namespace, which ID-mapped
+/// mounts map through.
+pub type IdMap<'a> = Option<(&'a IdMaps, &'a File)>;
+
 /// Sets up the rootfs and pivots into it.
-pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), StageError> {
+pub fn prepare_rootfs(
+    sync: BorrowedFd<'_>,
+    spec: &Spec,
+    idmap: IdMap<'_>,
+) -> Result<(), StageError> {
     let root = spec.root.as_ref().ok_or(StageError::MissingField("root"))?;
     let rootfs = PathBuf::from(&root.path);
     do_mount(
@@ -27,16 +37,21 @@ pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), StageErro
         MsFlags::MS_SLAVE | MsFlags::MS_REC,
         None,
     )?;
-    do_mount(
-        Some(&rootfs),
-        &rootfs,
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None,
-    )?;
+    match idmap {
+        Some((_, ns)) if userns::rootfs_idmapped(spec) => {
+            userns::idmapped_bind(&rootfs, &rootfs, true, ns)?
+        }
+        _ => do_mount(
+            Some(&rootfs),
+            &rootfs,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )?,
+    }
 
     for m in &spec.mounts {
-        mount_one(sync, &rootfs, m)?;
+        mount_one(sync, &rootfs, m, idmap)?;
     }
     devices::create_all(sync, &rootfs, spec)?;
     enter_rootfs(&rootfs)?;
@@ -57,7 +72,12 @@ pub fn prepare_rootfs(sync: BorrowedFd<'_>, spec: &Spec) -> Result<(), StageErro
     Ok(())
 }
 
-fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), StageError> {
+fn mount_one(
+    sync: BorrowedFd<'_>,
+    rootfs: &Path,
+    m: &Mount,
+    idmap: IdMap<'_>,
+) -> Result<(), StageError> {
     if !m.destination.starts_with('/') {
         return Err(StageError::bad_field(
             "mounts[].destination",
@@ -69,27 +89,40 @@ fn mount_one(sync: BorrowedFd<'_>, rootfs: &Path, m: &Mount) -> Result<(), Stage
     let is_bind = typ == "bind" || flags.contains(MsFlags::MS_BIND);
     let source = m.source.clone().unwrap_or_else(|| typ.to_string());
 
-    let target = if is_bind {
-        let meta = Path::new(&source)
+    let file = is_bind
+        && !Path::new(&source)
             .metadata()
             .map_err(|e| StageError::BindSource {
                 src: source.clone(),
                 destination: m.destination.clone(),
                 source: e,
-            })?;
-        if meta.is_dir() {
-            paths::mkdir_in_root(rootfs, &m.destination)?
+            })?
+            .is_dir();
+    let make = || {
+        if file {
+            paths::touch_in_root(rootfs, &m.destination)
         } else {
-            paths::touch_in_root(rootfs, &m.destination)?
+            paths::mkdir_in_root(rootfs, &m.destination)
         }
-    } else {
-        paths::mkdir_in_root(rootfs, &m.destination)?
+    };
+    // On an ID-mapped rootfs the mount point is made as the container's root.
+    let target = match (make(), idmap) {
+        (Err(e), Some((maps, _))) if userns::unmapped_caller(&e) => maps.as_container_root(make)?,
+        (made, _) => made?,
     };
 
     let data = (!data.is_empty()).then_some(data.as_str());
     if is_bind {
         let bind = flags & (MsFlags::MS_BIND | MsFlags::MS_REC);
-        do_mount(Some(Path::new(&source)), &target, None, bind, None)?;
+        match idmap {
+            Some((maps, ns)) if maps.of_mount(m)? => userns::idmapped_bind(
+                Path::new(&source),
+                &target,
+                bind.contains(MsFlags::MS_REC),
+                ns,
+            )?,
+            _ => do_mount(Some(Path::new(&source)), &target, None, bind, None)?,
+        }
         flags.remove(MsFlags::MS_BIND | MsFlags::MS_REC);
         if !flags.is_empty() {
             let remount = flags | MsFlags::MS_BIND | MsFlags::MS_REMOUNT;

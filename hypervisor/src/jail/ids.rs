@@ -346,10 +346,11 @@ fn chown_mode(path: &Path, ids: &SandboxIds, mode: u32) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn range(start: u32, count: u32) -> kata_config::HostProcesses {
+    /// A claim range for tests (also the probe's).
+    pub(crate) fn range(start: u32, count: u32) -> kata_config::HostProcesses {
         kata_config::HostProcesses {
             sandboxed: true,
             uid_start: start,
