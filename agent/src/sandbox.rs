@@ -204,6 +204,7 @@ impl Sandbox {
             )));
         }
         let mut spec = Spec::from_json(spec_json)?;
+        self.resolve_peer_namespaces(id, &mut spec).await?;
         self.use_block_devices(id, &mut spec, block_devices)
             .await
             .map_err(|e| e.context(&format!("create container {id}")))?;
@@ -222,6 +223,51 @@ impl Sandbox {
         };
         info!(self.log, "container created"; "container_id" => id, "pid" => container.init.pid,
             "pod_sandbox" => pod_sandbox);
+        Ok(())
+    }
+
+    /// Points the namespaces container `id`'s spec names by another container of the
+    /// sandbox ([`protocols::GUEST_CONTAINER_NS_DIR`], as the target of `kubectl debug
+    /// --target`) at that container's init process.
+    async fn resolve_peer_namespaces(&self, id: &str, spec: &mut Spec) -> Result<()> {
+        let Some(linux) = spec.linux.as_mut() else {
+            return Ok(());
+        };
+        for ns in linux.namespaces.iter_mut() {
+            let Some(named) = ns
+                .path
+                .as_deref()
+                .and_then(|p| p.strip_prefix(protocols::GUEST_CONTAINER_NS_DIR))
+            else {
+                continue;
+            };
+            let (peer, typ) = peer_namespace(named).ok_or_else(|| {
+                AgentError::InvalidArgument(format!(
+                    "container {id}: namespace path {:?} does not name a container's namespace",
+                    ns.path
+                ))
+            })?;
+            if typ != ns.typ {
+                return Err(AgentError::InvalidArgument(format!(
+                    "container {id}: its {} namespace names container {peer}'s {typ} namespace",
+                    ns.typ
+                )));
+            }
+            let target = self.containers.lock().await.get(peer).cloned();
+            let Some(target) = target else {
+                return Err(AgentError::NotFound(format!(
+                    "container {id} asks for the {typ} namespace of container {peer}, which is \
+                     not in this sandbox"
+                )));
+            };
+            if target.init.exit_status().is_some() {
+                return Err(AgentError::FailedPrecondition(format!(
+                    "container {id} asks for the {typ} namespace of container {peer}, which has \
+                     exited: start it again first"
+                )));
+            }
+            ns.path = Some(format!("/proc/{}/ns/{typ}", target.init.pid));
+        }
         Ok(())
     }
 
@@ -544,5 +590,30 @@ impl Sandbox {
             }
         }
         info!(self.log, "sandbox destroyed");
+    }
+}
+
+/// The container id and namespace type of a path under
+/// [`protocols::GUEST_CONTAINER_NS_DIR`] (`rest` is what follows it: `/<id>/<type>`).
+fn peer_namespace(rest: &str) -> Option<(&str, &str)> {
+    let (peer, typ) = rest.strip_prefix('/')?.split_once('/')?;
+    protocols::id::validate(peer).ok()?;
+    crate::spec::NAMESPACE_TYPES
+        .contains(&typ)
+        .then_some((peer, typ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_namespace;
+
+    #[test]
+    fn a_peer_namespace_path_names_a_container_and_a_type() {
+        assert_eq!(peer_namespace("/main/pid"), Some(("main", "pid")));
+        assert_eq!(peer_namespace("/main/pid/x"), None);
+        assert_eq!(peer_namespace("/../pid"), None);
+        assert_eq!(peer_namespace("/main/wormhole"), None);
+        assert_eq!(peer_namespace("main/pid"), None);
+        assert_eq!(peer_namespace("/main"), None);
     }
 }

@@ -113,6 +113,12 @@ pub const BENCH_SINK_PARAM: &str = "agent.bench_sink=1";
 /// sandbox container, for the pod's other containers to join.
 pub const GUEST_SANDBOX_NS_DIR: &str = "/run/kata-containers/sandbox/ns";
 
+/// How a container's spec names another container's namespace in the guest,
+/// `<dir>/<container id>/<type>`: the target's PID namespace of `kubectl debug --target`.
+/// Nothing is at this path; the agent resolves it to the named container's init process
+/// (`/proc/<its pid>/ns/<type>`) when it creates the container.
+pub const GUEST_CONTAINER_NS_DIR: &str = "/run/kata-containers/sandbox/container-ns";
+
 /// Where the agent keeps the pod's emptyDir volumes, `<dir>/<pod uid>/<volume name>`
 /// (`PodLocalVolume` of the agent API), for every container of the pod to bind.
 pub const GUEST_POD_VOLUMES_DIR: &str = "/run/kata-containers/sandbox/volumes";

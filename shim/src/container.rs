@@ -139,6 +139,9 @@ pub struct Container {
     pub block_devices: Vec<String>,
     pub init: Process,
     pub execs: std::collections::HashMap<String, Process>,
+    /// The host pid it reports, for a pod's other containers than the sandbox container
+    /// (see [`crate::pid_anchor`]); None: it reports the VMM's.
+    pub anchor: Option<crate::pid_anchor::PidAnchor>,
 }
 
 /// Why a container takes no exec now.
@@ -392,6 +395,7 @@ mod process_tests {
             block_devices: Vec::new(),
             init: process(),
             execs: Default::default(),
+            anchor: None,
         };
         let add = |c: &mut Container, id: &str| c.add_exec(id, StdioPaths::default(), Vec::new());
         assert!(matches!(add(&mut c, "e1"), Err(ExecRefused::NotRunning)));

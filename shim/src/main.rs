@@ -20,6 +20,7 @@ mod network;
 mod oom_kill;
 mod options;
 mod persist;
+mod pid_anchor;
 mod pooled;
 mod ratelimit;
 mod sandbox;

@@ -2,6 +2,7 @@
 //! host bind mount become paths under the virtio-fs share as the guest sees it. The spec
 //! stays a JSON value so fields this shim does not know reach the agent unchanged.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -435,7 +436,16 @@ pub fn rewrite_for_guest(
                 .get("path")
                 .and_then(Value::as_str)
                 .is_some_and(|p| !p.is_empty());
-            if pod_member && has_path && protocols::POD_SHARED_NAMESPACES.contains(&typ.as_str()) {
+            let peer = o
+                .get("path")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.starts_with(protocols::GUEST_CONTAINER_NS_DIR));
+            if pod_member && peer {
+                // Named by `name_peer_namespaces`: already the guest's.
+            } else if pod_member
+                && has_path
+                && protocols::POD_SHARED_NAMESPACES.contains(&typ.as_str())
+            {
                 let guest = Path::new(protocols::GUEST_SANDBOX_NS_DIR).join(&typ);
                 o.insert("path".into(), Value::String(guest.display().to_string()));
             } else {
@@ -444,6 +454,48 @@ pub fn rewrite_for_guest(
         }
     }
     Ok(out)
+}
+
+/// Rewrites a pod member's namespace paths that name another container of the pod by the
+/// host pid it reports (`/proc/<pid>/ns/<type>`, `peers`: pid → container id) to that
+/// container's namespace in the guest, `<GUEST_CONTAINER_NS_DIR>/<id>/<type>`: how
+/// containerd names the target of `kubectl debug --target` (its PID namespace). Other
+/// paths stay for [`rewrite_for_guest`].
+pub fn name_peer_namespaces(spec: &mut Value, peers: &HashMap<u32, String>) {
+    let Some(nss) = spec
+        .pointer_mut("/linux/namespaces")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for ns in nss.iter_mut() {
+        let Some(o) = ns.as_object_mut() else {
+            continue;
+        };
+        let Some(typ) = o.get("type").and_then(Value::as_str).map(str::to_string) else {
+            continue;
+        };
+        let Some(id) = o
+            .get("path")
+            .and_then(Value::as_str)
+            .and_then(proc_pid_of)
+            .and_then(|pid| peers.get(&pid))
+        else {
+            continue;
+        };
+        let guest = Path::new(protocols::GUEST_CONTAINER_NS_DIR)
+            .join(id)
+            .join(&typ);
+        o.insert("path".into(), Value::String(guest.display().to_string()));
+    }
+}
+
+/// The pid of a `/proc/<pid>/ns/<type>` path.
+fn proc_pid_of(path: &str) -> Option<u32> {
+    let rest = path.strip_prefix("/proc/")?;
+    let (pid, ns) = rest.split_once('/')?;
+    ns.strip_prefix("ns/")?;
+    pid.parse().ok()
 }
 
 /// The annotations that tell a pod's sandbox container from its other containers.
@@ -764,6 +816,40 @@ mod tests {
             json!({"linux": {"namespaces": [{"type": "ipc", "path": "/proc/7/ns/ipc"}]}});
         rewrite_for_guest(&mut spec, "solo", false).unwrap();
         assert!(spec["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn a_debug_target_names_its_targets_pid_namespace_in_the_guest() {
+        // kubectl debug --target=main: containerd names the target's PID namespace by the
+        // pid it reported, the pod's others by the sandbox container's (the VMM's).
+        let mut spec = json!({"linux": {"namespaces": [
+            {"type": "ipc", "path": "/proc/7/ns/ipc"},
+            {"type": "pid", "path": "/proc/4321/ns/pid"},
+            {"type": "mount"}
+        ]}});
+        let peers = HashMap::from([(4321, "main".to_string()), (99, "other".to_string())]);
+        name_peer_namespaces(&mut spec, &peers);
+        rewrite_for_guest(&mut spec, "debugger", true).unwrap();
+        let nss = &spec["linux"]["namespaces"];
+        assert_eq!(nss[0]["path"], "/run/kata-containers/sandbox/ns/ipc");
+        assert_eq!(
+            nss[1]["path"],
+            format!("{}/main/pid", protocols::GUEST_CONTAINER_NS_DIR)
+        );
+        assert!(nss[2].get("path").is_none());
+
+        // A pid that is no container's: the pod's, as before.
+        let mut spec =
+            json!({"linux": {"namespaces": [{"type": "pid", "path": "/proc/7/ns/pid"}]}});
+        name_peer_namespaces(&mut spec, &peers);
+        rewrite_for_guest(&mut spec, "c2", true).unwrap();
+        assert_eq!(
+            spec["linux"]["namespaces"][0]["path"],
+            "/run/kata-containers/sandbox/ns/pid"
+        );
+        assert_eq!(proc_pid_of("/proc/12/ns/pid"), Some(12));
+        assert_eq!(proc_pid_of("/proc/12/root"), None);
+        assert_eq!(proc_pid_of("/var/run/netns/x"), None);
     }
 
     #[test]

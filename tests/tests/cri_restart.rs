@@ -199,7 +199,14 @@ fn restart_under_running_and_starting_pods(version: &str, sig: Signal) {
         adopted.extend(pods);
     }
     for pod in adopted {
-        c.remove_pod_checked(pod);
+        // A pod caught mid-start may be one whose shim the restarted containerd never
+        // reached (its task was not created yet): Stop and Remove do not reach it, and it
+        // ends on its own (no task for 30 s, or no caller for 60 s): checked below.
+        if caught.contains(&pod.id) {
+            c.stop_and_remove_pod(&pod);
+        } else {
+            c.remove_pod_checked(pod);
+        }
     }
     c.remove_pod_checked(running);
 

@@ -221,15 +221,36 @@ fn pod_containers_share_the_sandbox_vm() {
     ];
     start_detached(&c, "pod1-app", &member, &["sleep", "1000"]);
 
-    // One VM: both tasks report the same VMM pid, and one shim serves both.
+    // One VM, one shim. The sandbox container reports the VMM's pid, the member a pid of
+    // its own (what `kubectl debug --target` names it by): a thread of that shim.
     let ls = stdout(&c.ctr(&["task", "ls"]));
     let pid_of = |id: &str| {
         ls.lines()
             .find(|l| l.starts_with(&format!("{id} ")))
             .and_then(|l| l.split_whitespace().nth(1))
-            .map(str::to_string)
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("no pid of {id} in: {ls}"))
     };
-    assert_eq!(pid_of("pod1"), pid_of("pod1-app"), "{ls}");
+    let (sandbox, member) = (pid_of("pod1"), pid_of("pod1-app"));
+    assert_ne!(sandbox, member, "{ls}");
+    let comm = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert!(
+        comm(sandbox).starts_with("qemu"),
+        "{sandbox}: {}",
+        comm(sandbox)
+    );
+    let status = std::fs::read_to_string(format!("/proc/{member}/status")).unwrap_or_default();
+    let tgid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{member} is no process: {status}"));
+    assert_eq!(comm(tgid), "containerd-shim", "{member} belongs to {tgid}");
     let shims = leftovers("pod1")
         .iter()
         .filter(|l| l.contains("containerd-shim-kata-v2"))

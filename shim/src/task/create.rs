@@ -124,6 +124,10 @@ impl Inner {
             ));
         }
         let pod_member = sandbox_id != req.id;
+        if pod_member {
+            let peers = self.lock().peers();
+            spec::name_peer_namespaces(&mut spec, &peers);
+        }
         let mounts = spec::rewrite_for_guest(&mut spec, &req.id, pod_member)
             .map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
         let terminal = spec
@@ -245,6 +249,18 @@ impl Inner {
     }
 
     async fn create_in(&self, sb: &Sandbox, req: &CreateTaskRequest, p: &Parsed) -> Result<u32> {
+        // The sandbox container reports the VMM's pid (the pod's namespaces), the others
+        // a pid of their own. Made first: nothing to undo if it fails.
+        let anchor = match req.id == self.sandbox_id {
+            true => None,
+            false => Some(crate::pid_anchor::PidAnchor::new().map_err(|e| {
+                super::state::failed(format!(
+                    "container {}: no host thread for its pid: {e}; the host is out of \
+                     threads (see its pid limits)",
+                    req.id
+                ))
+            })?),
+        };
         let host = sb
             .create_container(
                 &req.id,
@@ -264,6 +280,7 @@ impl Inner {
                 }
                 ContainerError::Guest(e) => agent_err(e),
             })?;
+        let pid = anchor.as_ref().map_or_else(|| sb.task_pid(), |a| a.pid());
         let mut init = Process::new(p.stdio.clone(), None);
         init.relays = Some(Relays::start(&sb.agent(), &req.id, "", &p.stdio, &self.log));
         let mut st = self.lock();
@@ -276,8 +293,9 @@ impl Inner {
                 block_devices: host.block_devices,
                 init,
                 execs: HashMap::new(),
+                anchor,
             },
         );
-        Ok(sb.task_pid())
+        Ok(pid)
     }
 }

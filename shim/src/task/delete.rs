@@ -23,7 +23,7 @@ impl Inner {
     ) -> Result<DeleteResponse> {
         if !req.exec_id.is_empty() {
             let mut st = self.lock();
-            let pid = st.task_pid();
+            let pid = st.pid_of(&req.id);
             if matches!(
                 st.process(&req.id, &req.exec_id)?.status(),
                 Status::Running | Status::Paused
@@ -47,7 +47,7 @@ impl Inner {
             });
         }
         info!(self.log, "delete"; "container" => &req.id);
-        let pid = self.lock().task_pid();
+        let pid = self.lock().pid_of(&req.id);
         let exit = self.delete_container(&req.id).await?;
         let code = exit.map(|e| e.status).unwrap_or(0);
         self.events

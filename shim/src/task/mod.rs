@@ -281,7 +281,7 @@ impl Task for TaskService {
                 req.exec_id.clone()
             },
             bundle: c.bundle.display().to_string(),
-            pid: st.task_pid(),
+            pid: st.pid_of(&req.id),
             status: proc_status(p.status()).into(),
             stdin: p.stdio.stdin.clone(),
             stdout: p.stdio.stdout.clone(),
@@ -454,11 +454,11 @@ impl Task for TaskService {
         })
     }
 
-    async fn connect(&self, _ctx: &TtrpcContext, _req: ConnectRequest) -> Result<ConnectResponse> {
+    async fn connect(&self, _ctx: &TtrpcContext, req: ConnectRequest) -> Result<ConnectResponse> {
         let _timer = self.inner.request("connect");
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
-            task_pid: self.inner.lock().task_pid(),
+            task_pid: self.inner.lock().pid_of(&req.id),
             version: env!("CARGO_PKG_VERSION").to_string(),
             ..Default::default()
         })

@@ -17,7 +17,7 @@ impl Inner {
     pub(super) async fn start_process(self: &Arc<Self>, req: StartRequest) -> Result<u32> {
         let (agent, pid, exec_spec, stdio) = {
             let mut st = self.lock();
-            let (agent, pid) = (st.agent(&req.id)?, st.task_pid());
+            let (agent, pid) = (st.agent(&req.id)?, st.pid_of(&req.id));
             let p = st.process_mut(&req.id, &req.exec_id)?;
             p.begin_start().map_err(|e| {
                 status(

@@ -100,6 +100,24 @@ impl State {
         self.sandbox.as_ref().map(|s| s.task_pid()).unwrap_or(0)
     }
 
+    /// The host pid container `cid` (and each of its processes) reports: its anchor's,
+    /// else the VMM's.
+    pub fn pid_of(&self, cid: &str) -> u32 {
+        self.containers
+            .get(cid)
+            .and_then(|c| c.anchor.as_ref())
+            .map_or_else(|| self.task_pid(), |a| a.pid())
+    }
+
+    /// The containers by the host pid they report, for specs that name a container's
+    /// namespaces by it (`/proc/<pid>/ns/<type>`); the VMM's pid is the pod's, not here.
+    pub fn peers(&self) -> HashMap<u32, String> {
+        self.containers
+            .iter()
+            .filter_map(|(id, c)| c.anchor.as_ref().map(|a| (a.pid(), id.clone())))
+            .collect()
+    }
+
     /// Whether the sandbox can be ended: no container left and none being created.
     pub fn is_empty(&self) -> bool {
         self.containers.is_empty() && self.creating.is_empty()

@@ -116,7 +116,7 @@ impl Inner {
     pub(super) async fn record_exit(&self, cid: &str, exec_id: &str, code: u32) {
         let (pid, at) = {
             let mut st = self.lock();
-            let pid = st.task_pid();
+            let pid = st.pid_of(cid);
             match st
                 .process_mut(cid, exec_id)
                 .ok()
