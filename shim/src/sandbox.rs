@@ -128,8 +128,8 @@ struct Up {
     shared: SharedDirs,
     agent: KataAgent,
     info: VmInfo,
+    /// With the VM's handle.
     progress: Progress,
-    vm: Box<dyn Hypervisor>,
     watched: Vec<Watched>,
     /// Started by the VM factory, not by this shim (watched by pidfd).
     adopted: bool,
@@ -237,6 +237,47 @@ fn mkdir(path: &Path) -> Result<(), SandboxError> {
     })
 }
 
+/// Reaches the agent of a VM that runs, booted now or claimed from the pool (`info`), and
+/// makes the guest the pod's: `request` (hostname, network) with fresh entropy. Fails
+/// early, with the VMM's last words, when one of `watched` exits meanwhile.
+async fn connect_guest(
+    cfg: &kata_config::Config,
+    log: &Logger,
+    info: &VmInfo,
+    watched: &[Watched],
+    mut request: protocols::agent::CreateSandboxRequest,
+    t0: Instant,
+) -> Result<KataAgent, SandboxError> {
+    let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
+    let (agent, check) = KataAgent::dial(
+        &info.agent_socket,
+        protocols::AGENT_VSOCK_PORT,
+        timeout,
+        || watchdog::exited(watched),
+    )
+    .await
+    .map_err(|e| {
+        let mut tail = hypervisor::process::log_tail(&info.console_log);
+        if matches!(e, AgentError::VmExited { .. }) {
+            tail.push_str(&format!(
+                "\nlast lines of the VMM's log {}:\n{}",
+                info.vmm_log.display(),
+                hypervisor::process::log_tail(&info.vmm_log)
+            ));
+        }
+        SandboxError::Agent(e, tail)
+    })?;
+    info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
+        "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
+    crate::metrics::METRICS.phase("agent_reachable");
+    request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
+    agent
+        .create_sandbox(request)
+        .await
+        .map_err(SandboxError::Guest)?;
+    Ok(agent)
+}
+
 impl Sandbox {
     /// Boots the VM for sandbox `id`, connects to its agent and starts watching the VM.
     pub async fn create(
@@ -265,13 +306,9 @@ impl Sandbox {
         };
         let booted =
             Self::create_steps(id, cfg, spec, log, &shared, &run_dir, &mut progress, t0).await;
-        let (agent, info, watched, vm) = match (booted, progress.vm.take()) {
-            (Ok((agent, info, watched)), Some(vm)) => (agent, info, watched, vm),
-            (result, vm) => {
-                progress.vm = vm;
-                let e = result
-                    .err()
-                    .unwrap_or_else(|| SandboxError::Vm("VM handle lost".into()));
+        let (agent, info, watched) = match booted {
+            Ok(up) => up,
+            Err(e) => {
                 warn!(log, "sandbox create failed, undoing"; "error" => %e);
                 progress.undo(log).await;
                 return Err(e);
@@ -282,7 +319,6 @@ impl Sandbox {
             agent,
             info,
             progress,
-            vm,
             watched,
             adopted: false,
         };
@@ -323,7 +359,7 @@ impl Sandbox {
             console_log: Some(up.info.console_log.clone()),
             state: Mutex::new(up.progress.state),
             persist: true,
-            vm: tokio::sync::Mutex::new(Some(up.vm)),
+            vm: tokio::sync::Mutex::new(up.progress.vm),
             ended: watch::channel(None).0,
             watchdog: Mutex::new(None),
             port_forward: Mutex::new(None),
@@ -403,41 +439,15 @@ impl Sandbox {
             "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
         crate::metrics::METRICS.phase("vmm_launched");
 
-        let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-        let (agent, check) = KataAgent::dial(
-            &info.agent_socket,
-            protocols::AGENT_VSOCK_PORT,
-            timeout,
-            || watchdog::exited(&watched),
-        )
-        .await
-        .map_err(|e| {
-            let mut tail = hypervisor::process::log_tail(&info.console_log);
-            if matches!(e, AgentError::VmExited { .. }) {
-                tail.push_str(&format!(
-                    "\nlast lines of the VMM's log {}:\n{}",
-                    info.vmm_log.display(),
-                    hypervisor::process::log_tail(&info.vmm_log)
-                ));
-            }
-            SandboxError::Agent(e, tail)
-        })?;
-        info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
-            "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
-        crate::metrics::METRICS.phase("agent_reachable");
         // The guest becomes the pod's: its own randomness, hostname and network.
-        let mut request = match &pod_network {
+        let request = match &pod_network {
             Some(net) => net.sandbox_request(&spec.hostname),
             None => protocols::agent::CreateSandboxRequest {
                 hostname: spec.hostname.clone(),
                 ..Default::default()
             },
         };
-        request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
-        agent
-            .create_sandbox(request)
-            .await
-            .map_err(SandboxError::Guest)?;
+        let agent = connect_guest(cfg, log, &info, &watched, request, t0).await?;
         Ok((agent, info, watched))
     }
 
@@ -512,13 +522,9 @@ impl Sandbox {
             host_cgroup: cgroup::HostCgroup::default(),
         };
         let adopted = Self::adopt_steps(id, cfg, spec, log, &vm, pod, &mut progress, t0).await;
-        let (agent, watched, vm_handle) = match (adopted, progress.vm.take()) {
-            (Ok((agent, watched)), Some(handle)) => (agent, watched, handle),
-            (result, handle) => {
-                progress.vm = handle;
-                let e = result
-                    .err()
-                    .unwrap_or_else(|| SandboxError::Vm("VM handle lost".into()));
+        let (agent, watched) = match adopted {
+            Ok(up) => up,
+            Err(e) => {
                 warn!(log, "the pooled VM could not be adopted; it is stopped and the sandbox boots cold";
                     "vm" => &vm.id, "error" => %e);
                 progress.undo(log).await;
@@ -530,7 +536,6 @@ impl Sandbox {
             agent,
             info: vm.info.clone(),
             progress,
-            vm: vm_handle,
             watched,
             adopted: true,
         };
@@ -610,35 +615,14 @@ impl Sandbox {
         crate::metrics::METRICS.phase("vmm_launched");
         let handed_ms = steps.elapsed().as_secs_f64() * 1e3;
 
-        let guest = async {
-            let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-            let (agent, _) = KataAgent::dial(
-                &vm.info.agent_socket,
-                protocols::AGENT_VSOCK_PORT,
-                timeout,
-                || watchdog::exited(&watched),
-            )
-            .await
-            .map_err(|e| {
-                SandboxError::Agent(e, hypervisor::process::log_tail(&vm.info.console_log))
-            })?;
-            info!(log, "phase: agent reachable"; "phase" => "agent reachable",
-                "elapsed_ms" => t0.elapsed().as_millis() as u64);
-            crate::metrics::METRICS.phase("agent_reachable");
-            let mut request = match &pod_network {
-                Some(net) => net.pooled_sandbox_request(&spec.hostname, &vm.mac),
-                None => protocols::agent::CreateSandboxRequest {
-                    hostname: spec.hostname.clone(),
-                    ..Default::default()
-                },
-            };
-            request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
-            agent
-                .create_sandbox(request)
-                .await
-                .map_err(SandboxError::Guest)?;
-            Ok::<KataAgent, SandboxError>(agent)
+        let request = match &pod_network {
+            Some(net) => net.pooled_sandbox_request(&spec.hostname, &vm.mac),
+            None => protocols::agent::CreateSandboxRequest {
+                hostname: spec.hostname.clone(),
+                ..Default::default()
+            },
         };
+        let guest = connect_guest(cfg, log, &vm.info, &watched, request, t0);
         // Both end before this returns, also on failure (undo then removes the cgroup).
         let (background, guest) = tokio::join!(background, guest);
         let (moved, moved_ms, left) =
