@@ -19,9 +19,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use hypervisor::{Hypervisor, VmConfig, VmInfo};
+use hypervisor::{Hypervisor, VmInfo};
 use slog::{debug, error, info, warn, Logger};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -29,15 +28,21 @@ use tokio::task::JoinHandle;
 use crate::block;
 use crate::cgroup;
 use crate::container::{HostMounts, HostSetupError, RealHostMounts};
-use crate::factory::pool;
 use crate::mount::{self, SharedDirs};
+use crate::network;
 use crate::network::port_forward::PortForward;
-use crate::network::{self, PodNetwork, PodScan};
 use crate::oom_kill;
-use crate::persist::{self, SandboxState};
+use crate::persist::SandboxState;
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
 use agent_client::{Agent, AgentError, KataAgent};
+
+mod adopt;
+mod boot;
+mod undo;
+
+pub use undo::cleanup_host;
+use undo::{stop_vm, Progress};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -70,7 +75,8 @@ pub struct Sandbox {
     /// rootfs share's mount when the VM has one, else the share's.
     pub guest_rootfs_root: &'static str,
     agent: Arc<dyn Agent>,
-    /// The host pid containerd sees for every task of this sandbox (the VMM's, as Kata).
+    /// The host pid containerd sees for the sandbox container's task: the VMM's (the
+    /// pod's other containers report their own, see [`crate::pid_anchor`]).
     task_pid: u32,
     console_log: Option<PathBuf>,
     /// What `delete` needs after a crashed shim; saved on every change when `persist`.
@@ -135,196 +141,7 @@ struct Up {
     adopted: bool,
 }
 
-/// What `create` has done so far, for undoing it.
-struct Progress {
-    state: SandboxState,
-    vm: Option<Box<dyn Hypervisor>>,
-    host_cgroup: cgroup::HostCgroup,
-}
-
-impl Progress {
-    async fn undo(mut self, log: &Logger) {
-        if let Some(mut vm) = self.vm.take() {
-            stop_vm(vm.as_mut(), &mut self.state, log).await;
-        }
-        cleanup_host(&self.state, log).await;
-    }
-}
-
-/// Stops the VM through its hypervisor. Once that has reaped the processes, their pids
-/// are dropped from `state`, so cleanup never signals a pid the system has reused since.
-async fn stop_vm(vm: &mut dyn Hypervisor, state: &mut SandboxState, log: &Logger) {
-    match vm.stop_vm().await {
-        Ok(()) => {
-            state.vmm_pid = 0;
-            state.helper_pids.clear();
-        }
-        Err(e) => warn!(log, "stopping the VM"; "error" => %e),
-    }
-}
-
-/// Unmounts, kills and removes everything `state` records. Used after a failed create,
-/// at sandbox teardown, and by `delete` after a crashed shim.
-pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
-    let mut pids: Vec<i32> = state.helper_pids.clone();
-    if state.vmm_pid > 0 {
-        pids.insert(0, state.vmm_pid);
-    }
-    // A shim killed while the VM started had no time to record their pids; they all
-    // name the sandbox's run directory.
-    let run_dir = format!("{}/", layout::vm_run_root().join(state.vm_id()).display());
-    for pid in procinfo::pid::pids_mentioning(&run_dir) {
-        if !pids.contains(&pid) {
-            warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
-            pids.push(pid);
-        }
-    }
-    pids.retain(|p| *p > 0);
-    // First, while the VMM may still hold the pod's network namespace open: containerd
-    // may have removed its path already.
-    if let Some(net) = &state.network {
-        if let Err(e) = network::teardown(net, state.vmm_pid).await {
-            warn!(log, "undoing the pod's network wiring"; "error" => %e);
-        }
-    }
-    let survivors = if pids.is_empty() {
-        Vec::new()
-    } else {
-        hypervisor::kill_and_reap(&pids, Duration::from_secs(2))
-    };
-    // The uid its VMM ran as, which a crashed shim could not give back; kept while one
-    // of them survives.
-    if survivors.is_empty() {
-        let claims = Path::new(layout::ID_CLAIMS_DIR);
-        hypervisor::jail::release_claims_of(claims, &state.sandbox_id);
-        // A pooled VM's claim names the VM until the sandbox has taken it over.
-        if let Some(pooled) = &state.pooled {
-            hypervisor::jail::release_claims_of(claims, &pooled.vm_id);
-        }
-    } else {
-        warn!(log, "processes of the sandbox survived SIGKILL"; "pids" => format!("{survivors:?}"));
-    }
-    cgroup::remove(&state.cgroups);
-    if let Some(pooled) = &state.pooled {
-        let mut left = crate::factory::pool::Leftovers::default();
-        crate::factory::pool::remove_netns(&pooled.netns, &mut left);
-        if !left.is_empty() {
-            warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
-        }
-        let _ = std::fs::remove_file(&pooled.claimed);
-    }
-    mount::unmount_all(&state.mounts);
-    let share = SharedDirs::for_sandbox(state.vm_id());
-    for m in mount::mounts_under(&share.base) {
-        mount::unmount(&m);
-    }
-    let mut dirs = state.dirs.clone();
-    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-    for d in dirs {
-        if let Err(e) = mount::remove_dir_if_unmounted(&d) {
-            warn!(log, "removing sandbox directory"; "path" => d.display(), "error" => %e);
-        }
-    }
-    if let Err(e) = SandboxState::remove(&state.sandbox_id) {
-        warn!(log, "removing sandbox state"; "error" => %e);
-    }
-}
-
-fn mkdir(path: &Path) -> Result<(), SandboxError> {
-    std::fs::create_dir_all(path).map_err(|source| SandboxError::Dir {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Reaches the agent of a VM that runs, booted now or claimed from the pool (`info`), and
-/// makes the guest the pod's: `request` (hostname, network) with fresh entropy. Fails
-/// early, with the VMM's last words, when one of `watched` exits meanwhile.
-async fn connect_guest(
-    cfg: &kata_config::Config,
-    log: &Logger,
-    info: &VmInfo,
-    watched: &[Watched],
-    mut request: protocols::agent::CreateSandboxRequest,
-    t0: Instant,
-) -> Result<KataAgent, SandboxError> {
-    let timeout = cfg.agent.kata.dial_timeout.max(Duration::from_secs(1));
-    let (agent, check) = KataAgent::dial(
-        &info.agent_socket,
-        protocols::AGENT_VSOCK_PORT,
-        timeout,
-        || watchdog::exited(watched),
-    )
-    .await
-    .map_err(|e| {
-        let mut tail = hypervisor::process::log_tail(&info.console_log);
-        if matches!(e, AgentError::VmExited { .. }) {
-            tail.push_str(&format!(
-                "\nlast lines of the VMM's log {}:\n{}",
-                info.vmm_log.display(),
-                hypervisor::process::log_tail(&info.vmm_log)
-            ));
-        }
-        SandboxError::Agent(e, tail)
-    })?;
-    info!(log, "phase: agent reachable"; "phase" => "agent reachable", "elapsed_ms" => t0.elapsed().as_millis() as u64,
-        "guest_kernel" => &check.kernel_release, "agent_version" => &check.agent_version);
-    crate::metrics::METRICS.phase("agent_reachable");
-    request.entropy = crate::pooled::entropy().map_err(SandboxError::Entropy)?;
-    agent
-        .create_sandbox(request)
-        .await
-        .map_err(SandboxError::Guest)?;
-    Ok(agent)
-}
-
 impl Sandbox {
-    /// Boots the VM for sandbox `id`, connects to its agent and starts watching the VM.
-    pub async fn create(
-        id: &str,
-        cfg: &kata_config::Config,
-        spec: &SandboxSpec,
-        log: &Logger,
-    ) -> Result<Arc<Sandbox>, SandboxError> {
-        let t0 = Instant::now();
-        if cfg.factory.enabled() {
-            if let Some(sb) = Self::create_pooled(id, cfg, spec, log, t0).await {
-                return Ok(sb);
-            }
-        }
-        let shared = SharedDirs::for_sandbox(id);
-        let run_dir = layout::vm_run_root().join(id);
-        let mut progress = Progress {
-            state: SandboxState {
-                sandbox_id: id.to_string(),
-                shim_pid: std::process::id(),
-                dirs: vec![shared.base.clone(), run_dir.clone(), persist::state_dir(id)],
-                ..Default::default()
-            },
-            vm: None,
-            host_cgroup: cgroup::HostCgroup::default(),
-        };
-        let booted =
-            Self::create_steps(id, cfg, spec, log, &shared, &run_dir, &mut progress, t0).await;
-        let (agent, info, watched) = match booted {
-            Ok(up) => up,
-            Err(e) => {
-                warn!(log, "sandbox create failed, undoing"; "error" => %e);
-                progress.undo(log).await;
-                return Err(e);
-            }
-        };
-        let up = Up {
-            shared,
-            agent,
-            info,
-            progress,
-            watched,
-            adopted: false,
-        };
-        Ok(Self::running(up, cfg, spec, log).await)
-    }
-
     /// The sandbox around a VM that is up and whose agent answered: watched, and with
     /// port-forward for a pod with a network.
     async fn running(
@@ -377,266 +194,6 @@ impl Sandbox {
                 .await;
         }
         sb
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn create_steps(
-        id: &str,
-        cfg: &kata_config::Config,
-        spec: &SandboxSpec,
-        log: &Logger,
-        shared: &SharedDirs,
-        run_dir: &Path,
-        progress: &mut Progress,
-        t0: Instant,
-    ) -> Result<(KataAgent, VmInfo, Vec<Watched>), SandboxError> {
-        progress.state.save().map_err(SandboxError::Persist)?;
-        let made = shared.setup()?;
-        progress.state.mounts.extend(made);
-        mkdir(run_dir)?;
-        progress.state.save().map_err(SandboxError::Persist)?;
-
-        if let Some(path) = &spec.cgroups_path {
-            let host_cgroup = cgroup::create(path)?;
-            progress.state.cgroups = host_cgroup.created.clone();
-            progress.host_cgroup = host_cgroup;
-            progress.state.save().map_err(SandboxError::Persist)?;
-        }
-        let mut pod_network = None;
-        if let Some(netns) = &spec.netns {
-            let net = PodNetwork::setup(netns).await?;
-            progress.state.network = Some(net.state.clone());
-            progress.state.save().map_err(SandboxError::Persist)?;
-            debug!(log, "pod network wired"; "netns" => netns.display(),
-                "endpoints" => format!("{:?}", net.state.endpoints));
-            pod_network = Some(net);
-        }
-
-        let mut vm = hypervisor::new_hypervisor(cfg, log.clone());
-        let vm_cfg = VmConfig {
-            sandbox_id: id.to_string(),
-            run_dir: run_dir.to_path_buf(),
-            shared_dir: shared.shared.clone(),
-            debug: cfg.runtime.enable_debug,
-            netns: pod_network.as_ref().map(|n| n.state.netns.clone()),
-            net: pod_network
-                .as_ref()
-                .map(PodNetwork::nics)
-                .unwrap_or_default(),
-            cgroup: progress.host_cgroup.dirs.clone(),
-        };
-        let started = vm.start_vm(&vm_cfg).await;
-        // Kept even when the start failed: undo stops whatever it had started.
-        progress.vm = Some(vm);
-        let info = started.map_err(|e| SandboxError::Vm(e.to_string()))?;
-        progress.state.vmm_pid = info.vmm_pid;
-        progress.state.helper_pids = info.helper_pids.clone();
-        progress.state.save().map_err(SandboxError::Persist)?;
-        // Named now, while they run: a name read after a death says nothing.
-        let mut watched = vec![Watched::vmm(info.vmm_pid)];
-        watched.extend(info.helper_pids.iter().map(|&p| Watched::helper(p)));
-        info!(log, "phase: VMM launched"; "phase" => "VMM launched", "elapsed_ms" => t0.elapsed().as_millis() as u64,
-            "vmm_pid" => info.vmm_pid, "accelerator" => &info.accelerator);
-        crate::metrics::METRICS.phase("vmm_launched");
-
-        // The guest becomes the pod's: its own randomness, hostname and network.
-        let request = match &pod_network {
-            Some(net) => net.sandbox_request(&spec.hostname),
-            None => protocols::agent::CreateSandboxRequest {
-                hostname: spec.hostname.clone(),
-                ..Default::default()
-            },
-        };
-        let agent = connect_guest(cfg, log, &info, &watched, request, t0).await?;
-        Ok((agent, info, watched))
-    }
-
-    /// Starts sandbox `id` on a VM of the pool (issue 30), when one fits: None when the
-    /// pool has no ready VM of this configuration, the pod has other than one network
-    /// interface, or the adoption failed (undone then; the log says why). The caller
-    /// then boots cold.
-    async fn create_pooled(
-        id: &str,
-        cfg: &kata_config::Config,
-        spec: &SandboxSpec,
-        log: &Logger,
-        t0: Instant,
-    ) -> Option<Arc<Sandbox>> {
-        let dir = cfg.factory.vm_cache_dir.clone();
-        let key = pool::pool_key(cfg);
-        // An empty pool (its factory stopped, or drained by a burst of starts) costs a
-        // look at one directory, not a read of the pod's network.
-        let ready = pool::ready_dir(&dir, &key);
-        if !std::fs::read_dir(&ready).is_ok_and(|mut d| d.next().is_some()) {
-            info!(log, "booting cold: no ready VM in the pool"; "pool" => ready.display());
-            return None;
-        }
-        let pod = match &spec.netns {
-            None => None,
-            Some(netns) => match PodScan::read(netns).await {
-                Ok(pod) if pod.interfaces() == 1 => Some(pod),
-                Ok(pod) => {
-                    info!(log, "booting cold: a pooled VM has one NIC and the pod has {} network interfaces", pod.interfaces());
-                    return None;
-                }
-                Err(e) => {
-                    info!(log, "booting cold: the pod's network namespace cannot be read"; "error" => %e);
-                    return None;
-                }
-            },
-        };
-        let claimed = {
-            let (dir, key, id) = (dir.clone(), key.clone(), id.to_string());
-            tokio::task::spawn_blocking(move || pool::claim(&dir, &key, &id))
-                .await
-                .ok()
-                .flatten()
-        };
-        let Some(vm) = claimed else {
-            info!(log, "booting cold: no ready VM in the pool"; "pool" => ready.display());
-            return None;
-        };
-        info!(log, "phase: VM claimed from pool"; "phase" => "VM claimed from pool",
-            "elapsed_ms" => t0.elapsed().as_millis() as u64, "vm" => &vm.id,
-            "vmm_pid" => vm.info.vmm_pid);
-        let mut progress = Progress {
-            state: SandboxState {
-                sandbox_id: id.to_string(),
-                shim_pid: std::process::id(),
-                dirs: vec![
-                    vm.shared.base.clone(),
-                    vm.run_dir.clone(),
-                    persist::state_dir(id),
-                ],
-                mounts: vm.shared.made.clone(),
-                vmm_pid: vm.info.vmm_pid,
-                helper_pids: vm.info.helper_pids.clone(),
-                pooled: Some(persist::PooledState {
-                    vm_id: vm.id.clone(),
-                    netns: vm.netns.clone(),
-                    claimed: pool::claimed_file(&dir, &key, id),
-                }),
-                ..Default::default()
-            },
-            vm: None,
-            host_cgroup: cgroup::HostCgroup::default(),
-        };
-        let adopted = Self::adopt_steps(id, cfg, spec, log, &vm, pod, &mut progress, t0).await;
-        let (agent, watched) = match adopted {
-            Ok(up) => up,
-            Err(e) => {
-                warn!(log, "the pooled VM could not be adopted; it is stopped and the sandbox boots cold";
-                    "vm" => &vm.id, "error" => %e);
-                progress.undo(log).await;
-                return None;
-            }
-        };
-        let up = Up {
-            shared: vm.shared.dirs(),
-            agent,
-            info: vm.info.clone(),
-            progress,
-            watched,
-            adopted: true,
-        };
-        Some(Self::running(up, cfg, spec, log).await)
-    }
-
-    /// The hand-over of a claimed pooled VM `vm` to sandbox `id`: its uid claim, host
-    /// cgroup and priority, the pod's network, then the guest (reseeded, hostname,
-    /// network). Everything done is in `progress` for undoing.
-    #[allow(clippy::too_many_arguments)]
-    async fn adopt_steps(
-        id: &str,
-        cfg: &kata_config::Config,
-        spec: &SandboxSpec,
-        log: &Logger,
-        vm: &pool::PooledVm,
-        pod: Option<PodScan>,
-        progress: &mut Progress,
-        t0: Instant,
-    ) -> Result<(KataAgent, Vec<Watched>), SandboxError> {
-        progress.state.save().map_err(SandboxError::Persist)?;
-        // Recorded in persist.json: the claimed file has done its work.
-        if let Some(pooled) = &progress.state.pooled {
-            let _ = std::fs::remove_file(&pooled.claimed);
-        }
-        let ids = vm
-            .take_over_ids(id)
-            .map_err(|e| SandboxError::Vm(e.to_string()))?;
-        progress.vm = Some(Box::new(hypervisor::adopted::Adopted::new(
-            vm.info.clone(),
-            vm.run_dir.clone(),
-            ids,
-            log.clone(),
-        )));
-        // Named now, while they run: a name read after a death says nothing.
-        let mut watched = vec![Watched::vmm(vm.info.vmm_pid)];
-        watched.extend(vm.info.helper_pids.iter().map(|&p| Watched::helper(p)));
-
-        let steps = Instant::now();
-        let procs = crate::pooled::processes(&vm.pids());
-        // First: the VM runs at full priority from here on (the factory booted it at 19).
-        let threads = crate::pooled::renice(&procs, 0);
-        let reniced_ms = steps.elapsed().as_secs_f64() * 1e3;
-        if let Some(path) = &spec.cgroups_path {
-            let host_cgroup = cgroup::create(path)?;
-            progress.state.cgroups = host_cgroup.created.clone();
-            progress.host_cgroup = host_cgroup;
-            progress.state.save().map_err(SandboxError::Persist)?;
-        }
-        let mut pod_network = None;
-        if let Some(pod) = pod {
-            let net = PodNetwork::adopt(pod, &vm.netns, &vm.tap).await?;
-            progress.state.network = Some(net.state.clone());
-            progress.state.save().map_err(SandboxError::Persist)?;
-            pod_network = Some(net);
-        }
-        // While the guest is reached: the moves into the pod's cgroup and the removal of
-        // the pool's network namespace bind (the tap has moved, or stays unused; the
-        // namespace lives on with the VMM alone). Each may wait for an RCU grace period.
-        let background = {
-            let (dirs, procs, netns) = (
-                progress.host_cgroup.dirs.clone(),
-                procs.clone(),
-                vm.netns.clone(),
-            );
-            tokio::task::spawn_blocking(move || {
-                let at = Instant::now();
-                let moved = crate::pooled::move_to_cgroup(&dirs, &procs);
-                let moved_ms = at.elapsed().as_secs_f64() * 1e3;
-                let mut left = pool::Leftovers::default();
-                pool::remove_netns(&netns, &mut left);
-                (moved, moved_ms, left)
-            })
-        };
-        info!(log, "phase: VM handed over"; "phase" => "VM handed over",
-            "elapsed_ms" => t0.elapsed().as_millis() as u64, "processes" => procs.len());
-        crate::metrics::METRICS.phase("vmm_launched");
-        let handed_ms = steps.elapsed().as_secs_f64() * 1e3;
-
-        let request = match &pod_network {
-            Some(net) => net.pooled_sandbox_request(&spec.hostname, &vm.mac),
-            None => protocols::agent::CreateSandboxRequest {
-                hostname: spec.hostname.clone(),
-                ..Default::default()
-            },
-        };
-        let guest = connect_guest(cfg, log, &vm.info, &watched, request, t0);
-        // Both end before this returns, also on failure (undo then removes the cgroup).
-        let (background, guest) = tokio::join!(background, guest);
-        let (moved, moved_ms, left) =
-            background.map_err(|e| SandboxError::Vm(format!("handing the pooled VM over: {e}")))?;
-        debug!(log, "pooled VM hand-over steps";
-            "renice_ms" => reniced_ms, "threads" => threads,
-            "cgroup_and_network_ms" => handed_ms - reniced_ms,
-            "cgroup_move_ms" => moved_ms);
-        if !left.is_empty() {
-            warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
-        }
-        moved.map_err(|e| SandboxError::Vm(e.to_string()))?;
-        let agent = guest?;
-        Ok((agent, watched))
     }
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests:

@@ -1,0 +1,117 @@
+//! Taking back what a sandbox's creation made, after a failure, at teardown, and by
+//! `delete` after a crashed shim: the VM by its handle, then everything
+//! [`SandboxState`] records (mounts, processes by pid, the uid claim, directories).
+
+use std::path::Path;
+use std::time::Duration;
+
+use hypervisor::Hypervisor;
+use slog::{warn, Logger};
+
+use super::SandboxError;
+use crate::cgroup;
+use crate::mount::{self, SharedDirs};
+use crate::network;
+use crate::persist::SandboxState;
+
+/// What `create` has done so far, for undoing it.
+pub(super) struct Progress {
+    pub(super) state: SandboxState,
+    pub(super) vm: Option<Box<dyn Hypervisor>>,
+    pub(super) host_cgroup: cgroup::HostCgroup,
+}
+
+impl Progress {
+    pub(super) async fn undo(mut self, log: &Logger) {
+        if let Some(mut vm) = self.vm.take() {
+            stop_vm(vm.as_mut(), &mut self.state, log).await;
+        }
+        cleanup_host(&self.state, log).await;
+    }
+}
+
+/// Stops the VM through its hypervisor. Once that has reaped the processes, their pids
+/// are dropped from `state`, so cleanup never signals a pid the system has reused since.
+pub(super) async fn stop_vm(vm: &mut dyn Hypervisor, state: &mut SandboxState, log: &Logger) {
+    match vm.stop_vm().await {
+        Ok(()) => {
+            state.vmm_pid = 0;
+            state.helper_pids.clear();
+        }
+        Err(e) => warn!(log, "stopping the VM"; "error" => %e),
+    }
+}
+
+/// Unmounts, kills and removes everything `state` records. Used after a failed create,
+/// at sandbox teardown, and by `delete` after a crashed shim.
+pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
+    let mut pids: Vec<i32> = state.helper_pids.clone();
+    if state.vmm_pid > 0 {
+        pids.insert(0, state.vmm_pid);
+    }
+    // A shim killed while the VM started had no time to record their pids; they all
+    // name the sandbox's run directory.
+    let run_dir = format!("{}/", layout::vm_run_root().join(state.vm_id()).display());
+    for pid in procinfo::pid::pids_mentioning(&run_dir) {
+        if !pids.contains(&pid) {
+            warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
+            pids.push(pid);
+        }
+    }
+    pids.retain(|p| *p > 0);
+    // First, while the VMM may still hold the pod's network namespace open: containerd
+    // may have removed its path already.
+    if let Some(net) = &state.network {
+        if let Err(e) = network::teardown(net, state.vmm_pid).await {
+            warn!(log, "undoing the pod's network wiring"; "error" => %e);
+        }
+    }
+    let survivors = if pids.is_empty() {
+        Vec::new()
+    } else {
+        hypervisor::kill_and_reap(&pids, Duration::from_secs(2))
+    };
+    // The uid its VMM ran as, which a crashed shim could not give back; kept while one
+    // of them survives.
+    if survivors.is_empty() {
+        let claims = Path::new(layout::ID_CLAIMS_DIR);
+        hypervisor::jail::release_claims_of(claims, &state.sandbox_id);
+        // A pooled VM's claim names the VM until the sandbox has taken it over.
+        if let Some(pooled) = &state.pooled {
+            hypervisor::jail::release_claims_of(claims, &pooled.vm_id);
+        }
+    } else {
+        warn!(log, "processes of the sandbox survived SIGKILL"; "pids" => format!("{survivors:?}"));
+    }
+    cgroup::remove(&state.cgroups);
+    if let Some(pooled) = &state.pooled {
+        let mut left = crate::factory::pool::Leftovers::default();
+        crate::factory::pool::remove_netns(&pooled.netns, &mut left);
+        if !left.is_empty() {
+            warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
+        }
+        let _ = std::fs::remove_file(&pooled.claimed);
+    }
+    mount::unmount_all(&state.mounts);
+    let share = SharedDirs::for_sandbox(state.vm_id());
+    for m in mount::mounts_under(&share.base) {
+        mount::unmount(&m);
+    }
+    let mut dirs = state.dirs.clone();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for d in dirs {
+        if let Err(e) = mount::remove_dir_if_unmounted(&d) {
+            warn!(log, "removing sandbox directory"; "path" => d.display(), "error" => %e);
+        }
+    }
+    if let Err(e) = SandboxState::remove(&state.sandbox_id) {
+        warn!(log, "removing sandbox state"; "error" => %e);
+    }
+}
+
+pub(super) fn mkdir(path: &Path) -> Result<(), SandboxError> {
+    std::fs::create_dir_all(path).map_err(|source| SandboxError::Dir {
+        path: path.to_path_buf(),
+        source,
+    })
+}
