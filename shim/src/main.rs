@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
     // `factory init|status|destroy`: the VM pool's daemon (`kata-runtime factory` runs it).
     if args.get(1).is_some_and(|a| a == "factory") {
-        return factory::daemon::main(args.get(2..).unwrap_or_default());
+        return factory::cli::main(args.get(2..).unwrap_or_default());
     }
     let flags = match containerd_shim::parse(args.get(1..).unwrap_or_default()) {
         Ok(flags) => flags,

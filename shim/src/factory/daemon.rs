@@ -1,18 +1,14 @@
-//! The factory daemon: `containerd-shim-kata-v2 factory init|status|destroy [--config
-//! PATH]` (what `kata-runtime factory ...` runs).
+//! The factory daemon, `factory init` (see [`super::cli`]).
 //!
-//! `init` runs in the foreground and keeps `[factory] vm_cache_number` VMs of its
+//! It runs in the foreground and keeps `[factory] vm_cache_number` VMs of its
 //! configuration ready in the pool directory ([`super::pool`]): it boots one at a time
 //! (at nice 19, which the VMs inherit), publishes each once its agent answered, notices a
 //! claim by the ready file's disappearance, replaces a ready VM that died, and reaps every
 //! process it started (it is their parent, also after a shim adopted them). SIGTERM or
 //! SIGINT stops it: every VM still ready is stopped and removed; adopted VMs belong to
-//! their sandboxes and run on. `status` lists the ready VMs; `destroy` stops the daemon
-//! (its pid file) and removes every ready VM, also those of a daemon that crashed.
+//! their sandboxes and run on.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,108 +20,13 @@ use super::pool::{self, Leftovers, PoolShare, PooledVm};
 use crate::mount::SharedDirs;
 use agent_client::KataAgent;
 
-const USAGE: &str = "\
-usage: containerd-shim-kata-v2 factory init [--config FILE]
-       containerd-shim-kata-v2 factory status [--config FILE]
-       containerd-shim-kata-v2 factory destroy [--config FILE]
-
-  init     keep [factory] vm_cache_number booted, idle VMs ready in [factory]
-           vm_cache_dir, in the foreground, until SIGTERM or SIGINT
-  status   list the ready VMs (id, age, pool key, VMM pid)
-  destroy  stop the running factory and every ready VM
-
-  --config FILE  the configuration file (default: $KATA_CONF_FILE, then
-                 /etc/kata-containers/configuration.toml, then
-                 /usr/share/defaults/kata-containers/configuration.toml)";
-
 /// How often the daemon looks at its ready VMs (claims, deaths) between events.
 const TICK: Duration = Duration::from_millis(200);
 /// The longest wait after a failed boot before the next try.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// How long `destroy` waits for the daemon to stop its VMs and exit.
-const DESTROY_WAIT: Duration = Duration::from_secs(60);
 /// The niceness pool VMs boot and idle at, so that refills never slow a real start
 /// much (the shim renices an adopted VM to 0).
 const POOL_NICE: i32 = 19;
-
-#[derive(Debug, PartialEq, Eq)]
-enum Command {
-    Init,
-    Status,
-    Destroy,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Args {
-    command: Command,
-    config: Option<PathBuf>,
-}
-
-fn parse_args(args: &[OsString]) -> Result<Args, String> {
-    let mut command = None;
-    let mut config = None;
-    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
-    while let Some(arg) = it.next() {
-        if let Some(v) = arg.strip_prefix("--config=") {
-            config = Some(PathBuf::from(v));
-            continue;
-        }
-        match arg.as_str() {
-            "--config" | "-c" => {
-                config = Some(PathBuf::from(
-                    it.next().ok_or_else(|| format!("{arg} needs a file"))?,
-                ))
-            }
-            "init" if command.is_none() => command = Some(Command::Init),
-            "status" if command.is_none() => command = Some(Command::Status),
-            "destroy" if command.is_none() => command = Some(Command::Destroy),
-            _ => return Err(format!("unexpected argument {arg:?}")),
-        }
-    }
-    Ok(Args {
-        command: command.ok_or("a command is needed: init, status or destroy")?,
-        config,
-    })
-}
-
-/// `factory ...`: `args` are the words after `factory`.
-pub fn main(args: &[OsString]) -> ExitCode {
-    let args = match parse_args(args) {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!("factory: {why}\n{USAGE}");
-            return ExitCode::from(64);
-        }
-    };
-    let cfg = match load(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(why) => {
-            eprintln!("factory: {why}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = match args.command {
-        Command::Init => init(cfg),
-        Command::Status => status(&cfg),
-        Command::Destroy => destroy(&cfg),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(why) => {
-            eprintln!("factory: {why}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn load(path: Option<&Path>) -> Result<kata_config::Config, String> {
-    let cfg = match path {
-        Some(p) => kata_config::Config::load_from(p),
-        None => kata_config::Config::load(),
-    }
-    .map_err(|e| e.to_string())?;
-    Ok(cfg)
-}
 
 /// The daemon's log: JSON lines on stderr.
 fn stderr_logger() -> Logger {
@@ -138,7 +39,7 @@ fn stderr_logger() -> Logger {
     )
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -146,7 +47,7 @@ fn now_ms() -> u64 {
 }
 
 /// The pid the pool's pid file names, if the file is there and holds one.
-fn pid_file_pid(dir: &Path) -> Option<i32> {
+pub(super) fn pid_file_pid(dir: &Path) -> Option<i32> {
     std::fs::read_to_string(dir.join(pool::PID_FILE))
         .ok()?
         .trim()
@@ -155,7 +56,7 @@ fn pid_file_pid(dir: &Path) -> Option<i32> {
 }
 
 /// Whether `pid` runs a factory (`containerd-shim-kata-v2 factory init`).
-fn is_factory(pid: i32) -> bool {
+pub(super) fn is_factory(pid: i32) -> bool {
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
@@ -165,9 +66,7 @@ fn is_factory(pid: i32) -> bool {
         && args.iter().any(|a| *a == b"init")
 }
 
-// --- init ---------------------------------------------------------------------------
-
-fn init(cfg: kata_config::Config) -> Result<(), String> {
+pub(super) fn init(cfg: kata_config::Config) -> Result<(), String> {
     if !cfg.factory.enabled() {
         return Err(format!(
             "{}: factory.vm_cache_number is 0, so sandboxes use no pool; set it to how many \
@@ -590,7 +489,7 @@ impl Factory {
 }
 
 /// The VMs (key, id) that a factory no longer running was booting when it stopped.
-fn orphan_boots(dir: &Path) -> Vec<(String, String)> {
+pub(super) fn orphan_boots(dir: &Path) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for key in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let key_name = key.file_name().to_string_lossy().into_owned();
@@ -612,7 +511,7 @@ fn orphan_boots(dir: &Path) -> Vec<(String, String)> {
 }
 
 /// Removes the key's directories if nothing is left in them.
-fn remove_empty_dirs(dir: &Path, key: &str) {
+pub(super) fn remove_empty_dirs(dir: &Path, key: &str) {
     let k = pool::key_dir(dir, key);
     let _ = std::fs::remove_dir(k.join(pool::READY_DIR));
     let _ = std::fs::remove_dir(k.join(pool::NETNS_DIR));
@@ -708,119 +607,9 @@ fn make_netns_with_tap(path: &Path, tap: &str) -> Result<(), String> {
     made
 }
 
-// --- status and destroy -----------------------------------------------------------------
-
-fn status(cfg: &kata_config::Config) -> Result<(), String> {
-    let dir = &cfg.factory.vm_cache_dir;
-    match pid_file_pid(dir) {
-        Some(pid) if is_factory(pid) => println!("factory: running, pid {pid}"),
-        _ => println!("factory: not running"),
-    }
-    println!("pool directory: {}", dir.display());
-    let now = now_ms();
-    let ready = pool::list_ready(dir);
-    println!("ready VMs: {}", ready.len());
-    for (_, vm) in ready {
-        let age = now.saturating_sub(vm.created_unix_ms) / 1000;
-        println!(
-            "{}  age {}s  key {}  vmm_pid {}{}",
-            vm.id,
-            age,
-            vm.key,
-            vm.info.vmm_pid,
-            if vm.is_alive() { "" } else { "  (dead)" }
-        );
-    }
-    Ok(())
-}
-
-fn destroy(cfg: &kata_config::Config) -> Result<(), String> {
-    let dir = &cfg.factory.vm_cache_dir;
-    if let Some(pid) = pid_file_pid(dir).filter(|&p| is_factory(p)) {
-        // SAFETY: kill takes plain integers.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + DESTROY_WAIT;
-        while is_factory(pid) {
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "the factory (pid {pid}) did not stop within {DESTROY_WAIT:?} of SIGTERM"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        println!("factory (pid {pid}) stopped");
-    }
-    // What a factory that is gone left (or one that crashed) is removed here.
-    let me = std::process::id();
-    let mut removed = 0;
-    let mut keys = Vec::new();
-    for (path, vm) in pool::list_ready(dir) {
-        let taken = pool::claimed_file(dir, &vm.key, &format!("destroy-{me}-{}", vm.id));
-        if std::fs::rename(&path, &taken).is_ok() {
-            let left = pool::cleanup(&vm);
-            if !left.is_empty() {
-                eprintln!("factory destroy: {}: {left}", vm.id);
-            }
-            let _ = std::fs::remove_file(&taken);
-            removed += 1;
-        }
-        if !keys.contains(&vm.key) {
-            keys.push(vm.key);
-        }
-    }
-    for (key, id) in orphan_boots(dir) {
-        let left = pool::cleanup_by_id(dir, &key, &id);
-        if !left.is_empty() {
-            eprintln!("factory destroy: {id}: {left}");
-        }
-        let _ = std::fs::remove_file(pool::booting_file(dir, &key, &id));
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
-    }
-    if pid_file_pid(dir).is_some_and(|p| !is_factory(p)) {
-        let _ = std::fs::remove_file(dir.join(pool::PID_FILE));
-    }
-    for key in keys {
-        remove_empty_dirs(dir, &key);
-    }
-    println!("ready VMs removed: {removed}");
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(words: &[&str]) -> Result<Args, String> {
-        parse_args(&words.iter().map(OsString::from).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn commands_take_a_config_file_before_or_after() {
-        assert_eq!(
-            parse(&["init", "--config", "/a.toml"]).unwrap(),
-            Args {
-                command: Command::Init,
-                config: Some("/a.toml".into())
-            }
-        );
-        assert_eq!(
-            parse(&["--config=/b.toml", "status"]).unwrap(),
-            Args {
-                command: Command::Status,
-                config: Some("/b.toml".into())
-            }
-        );
-        assert_eq!(parse(&["destroy"]).unwrap().command, Command::Destroy);
-        assert!(parse(&[]).unwrap_err().contains("init, status or destroy"));
-        assert!(parse(&["init", "status"])
-            .unwrap_err()
-            .contains("\"status\""));
-        assert!(parse(&["init", "--config"])
-            .unwrap_err()
-            .contains("needs a file"));
-    }
 
     #[test]
     fn pool_macs_are_unicast_and_locally_administered() {
