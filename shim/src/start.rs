@@ -261,7 +261,7 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
             .map_err(|e| format!("creating the socket directory {}: {e}", dir.display()))?;
     }
     write_start_options(params.options.as_ref(), log);
-    let mut daemon = Daemon::spawn(flags, params, &address)?;
+    let mut daemon = ServingShim::spawn(flags, params, &address)?;
     match daemon.wait_ready(&address).and_then(|()| {
         std::fs::write("address", &address)
             .and_then(|()| std::fs::write("shim.pid", daemon.pid().to_string()))
@@ -444,12 +444,12 @@ pub fn runtime_info(name: &str, version: &str, options: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A daemon spawned by start, ended by its pid unless released.
-struct Daemon {
+/// The shim that serves the sandbox, spawned by `start`; ended by its pid unless released.
+struct ServingShim {
     child: Option<Child>,
 }
 
-impl Daemon {
+impl ServingShim {
     fn spawn(flags: &Flags, params: &StartParams, address: &str) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("finding the shim binary: {e}"))?;
         let mut cmd = Command::new(exe);
@@ -480,7 +480,7 @@ impl Daemon {
             .map_err(|e| format!("spawning the shim daemon: {e}"))?;
         // Like containerd's shims: the kernel's OOM killer takes the shim before containerd.
         let _ = containerd_shim::cgroup::adjust_oom_score(child.id());
-        Ok(Daemon { child: Some(child) })
+        Ok(ServingShim { child: Some(child) })
     }
 
     fn pid(&self) -> u32 {
@@ -543,7 +543,7 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
+impl Drop for ServingShim {
     fn drop(&mut self) {
         self.end();
     }
