@@ -89,6 +89,7 @@ guest: kernel initrd initrd-bench
 # and the initrds it boots; not the bench's initrd, which only `make bench` uses).
 install: build kernel initrd install-vsock
 	install -D -m 0755 $(SHIM_BIN) $(PREFIX)/bin/containerd-shim-kata-v2
+	ln -sfn containerd-shim-kata-v2 $(PREFIX)/bin/containerd-shim-kata-builtin-v2
 	install -D -m 0755 $(VMM_BIN) $(PREFIX)/bin/kata-vmm
 	install -D -m 0644 "$$(bash guest/build-kernel.sh)" $(SHARE_DIR)/vmlinux
 	install -D -m 0644 $(INITRD) $(SHARE_DIR)/kata-initrd.img
@@ -107,7 +108,7 @@ install: build kernel initrd install-vsock
 # Removes everything `make install` (and install-vsock) put down; leaves what the
 # administrator wrote: /etc/kata-containers/ and containerd's own configuration.
 uninstall:
-	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime $(PREFIX)/bin/kata-monitor
+	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/containerd-shim-kata-builtin-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime $(PREFIX)/bin/kata-monitor
 	rm -f $(SHARE_DIR)/vmlinux $(SHARE_DIR)/kata-initrd.img $(SHARE_DIR)/kata-initrd-debug.img
 	rm -f $(SHARE_DIR)/deploy/containerd/kata-containerd-1.x.toml $(SHARE_DIR)/deploy/containerd/kata-containerd-2.x.toml
 	rm -f $(SHARE_DIR)/deploy/kubernetes/runtimeclass.yaml

@@ -62,7 +62,6 @@ case "$PREFIX" in /usr | /usr/local | /etc | /var | /bin | /opt) die "PREFIX $PR
 H=$HOST_ROOT
 P=$H$PREFIX
 LIST=$P/.kata-deploy-files
-DEFAULTS=$PREFIX/share/defaults/kata-containers
 DROPIN=$PREFIX/containerd/kata-deploy.toml
 
 # The flavour's configuration file, method and restart command.
@@ -147,21 +146,36 @@ put() { # SOURCE RELATIVE MODE
     mv -f "$dest.kata-deploy-new" "$dest"
     CHANGED=1
 }
+# A symbolic link RELATIVE to TARGET (relative to its directory), as `put` does files.
+put_link() { # TARGET RELATIVE
+    dest=$P/$2
+    echo "$2" >>"$LIST.new"
+    [ "$(readlink "$dest" 2>/dev/null)" = "$1" ] && return 0
+    mkdir -p "$(dirname "$dest")"
+    ln -sfn "$1" "$dest.kata-deploy-new"
+    mv -fT "$dest.kata-deploy-new" "$dest"
+    CHANGED=1
+}
 put_text() { # TEXT RELATIVE
     printf '%s\n' "$1" >"$TMP/text"
     put "$TMP/text" "$2" 0644
 }
 
-# The runtime tables of deploy/containerd/ for config VERSION, ConfigPaths and shim under
-# the prefix.
+# The runtime tables of deploy/containerd/ for config VERSION, with shims under the prefix.
 containerd_dropin() {
     if [ "$VERSION" = 2 ]; then src=$ARTIFACTS/share/kata-containers/deploy/containerd/kata-containerd-1.x.toml; else src=$ARTIFACTS/share/kata-containers/deploy/containerd/kata-containerd-2.x.toml; fi
     [ "$METHOD" != imports ] || echo "version = $VERSION"
     echo "# Written by kata-deploy; removed on uninstall."
-    awk -v defaults="$DEFAULTS" -v shim="$PREFIX/bin/containerd-shim-kata-v2" '
+    # The shim under the prefix by the name containerd gives the runtime type
+    # (io.containerd.kata-builtin.v2: containerd-shim-kata-builtin-v2), which picks its
+    # configuration file among the prefix's defaults.
+    awk -v bin="$PREFIX/bin" '
         /^#/ { next }
-        /^[ \t]*runtime_type[ \t]*=/ { print; sub(/runtime_type.*/, "runtime_path = \"" shim "\""); print; next }
-        /^[ \t]*ConfigPath[ \t]*=/ { sub(/"\/usr\/share\/defaults\/kata-containers/, "\"" defaults) }
+        /^[ \t]*runtime_type[ \t]*=/ {
+            print
+            name = $0; sub(/^[^"]*"io\.containerd\./, "", name); sub(/\.v2".*$/, "", name)
+            sub(/runtime_type.*/, "runtime_path = \"" bin "/containerd-shim-" name "-v2\""); print; next
+        }
         { print }' "$src"
 }
 
@@ -191,6 +205,7 @@ install_files() {
     for f in containerd-shim-kata-v2 kata-runtime kata-vsock kata-vmm kata-monitor; do
         [ -f "$ARTIFACTS/bin/$f" ] && put "$ARTIFACTS/bin/$f" "bin/$f" 0755
     done
+    put_link containerd-shim-kata-v2 bin/containerd-shim-kata-builtin-v2
     for f in $(cd "$ARTIFACTS/share" && find . -type f | sed 's|^\./||' | sort); do
         put "$ARTIFACTS/share/$f" "share/$f" 0644
     done

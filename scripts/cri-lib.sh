@@ -189,13 +189,11 @@ registry_hosts() { # DIR URL HOST...
     done
 }
 
-# The kata runtimes of deploy/containerd/ for this containerd's config version, the
-# ConfigPath of `kata` set to CONFIG_PATH; with NO_OPTIONS=1, `kata` without its options
-# table instead (the caller exports KATA_CONF_FILE=CONFIG_PATH to containerd, whose shims
-# inherit it): containerd 2.3/2.4 create a `hostUsers: false` pod's containers only for a
-# runtime entry without options, and the shim announces user namespaces only there
-# (shim/src/start.rs, user_namespaces_work).
-kata_snippet() { # CONFIG_VERSION CONFIG_PATH
+# The kata runtimes of deploy/containerd/ for this containerd's config version, as
+# shipped. They have no options table (their shims find their configuration by their
+# names); the caller exports KATA_CONF_FILE to containerd, whose shims inherit it, to name
+# its own configuration.
+kata_snippet() { # CONFIG_VERSION
     local snippet repo
     repo=$(dirname -- "$cri_lib_dir")
     # One snippet for config versions 3 (containerd 2.0-2.2) and 4 (2.3 on): the CRI's
@@ -205,11 +203,7 @@ kata_snippet() { # CONFIG_VERSION CONFIG_PATH
     *) snippet=$repo/deploy/containerd/kata-containerd-2.x.toml ;;
     esac
     [ -f "$snippet" ] || die "no deploy snippet for containerd config version $1"
-    awk -v path="$2" -v drop="${NO_OPTIONS:-0}" '
-        /^\[/ { in_kata = ($0 ~ /runtimes\.kata\.options\]$/) }
-        in_kata && drop == 1 { next }
-        in_kata && /^[ \t]*ConfigPath[ \t]*=/ { sub(/=.*/, "= \"" path "\"") }
-        { print }' "$snippet"
+    cat "$snippet"
 }
 
 # The config version a containerd binary reads natively: 2 (1.x), 3 (2.0-2.2), 4 (2.3 on).

@@ -21,10 +21,9 @@
 #     scripts/containerd-private.sh, with the CRI on, Debian's CNI plugins (bridge +
 #     host-local on a private /24, portmap, loopback), the project's pause image as the
 #     sandbox image, and the kata runtime as deploy/containerd's snippet for its config
-#     version declares it, but without its options table: $KATA_CONF_FILE, exported to
-#     containerd and so to the shim, names a configuration with our kernel, initrd and
-#     kata-vsock (as the end-to-end tests configure them); containerd 2.3/2.4 run a
-#     user-namespaced pod's containers only for a runtime entry without options.
+#     version declares it (no options table); $KATA_CONF_FILE, exported to containerd and
+#     so to the shim, names a configuration with our kernel, initrd and kata-vsock (as the
+#     end-to-end tests configure them).
 # Prints, per handler, critest's summary line, the run's duration and its failed specs; then
 # the kata-only failures, the expected ones with their reasons, and allow-list entries that
 # no longer fail. Everything it started is ended by pid, also on failure or interrupt.
@@ -235,8 +234,7 @@ cni_conflist "$WORK/cni/net.d/10-critest.conflist" "$NETNAME" "$BRIDGE" "$subnet
 
 # The runtime configuration: ours, as the end-to-end tests write it (without debug logs).
 kata_config=$WORK/configuration.toml
-# `kata` without an options table, its configuration by $KATA_CONF_FILE: the one way
-# containerd 2.3/2.4 create a user-namespaced pod's containers (see cri-lib.sh).
+# The shipped snippet has no options table; $KATA_CONF_FILE names the test's configuration.
 export KATA_CONF_FILE=$kata_config
 kata_test_config "$kata_config"
 
@@ -253,7 +251,7 @@ if (( (16#$capeff >> 24 & 1) == 0 )); then
   restrict_oom_score_adj = true"
 fi
 if grep -q CONTAINERD_KATA_SNIPPET "$here/containerd-private.sh"; then
-    NO_OPTIONS=1 kata_snippet "$cfgver" "$kata_config" >"$WORK/kata-runtimes.toml"
+    kata_snippet "$cfgver" >"$WORK/kata-runtimes.toml"
     export CONTAINERD_KATA_SNIPPET=$WORK/kata-runtimes.toml
 else
     # containerd-private.sh declares the kata runtime itself; the snippet's options on top.

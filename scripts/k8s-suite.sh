@@ -11,9 +11,8 @@
 #     scripts/k8s-build.sh (cached in /var/cache/kata-k8s/<version>/bin);
 #   - a private containerd 2.3 (scripts/containerd-private.sh) with its CRI, the kata
 #     runtimes appended from deploy/containerd/kata-containerd-2.x.toml as the README tells
-#     users, `kata` without its options table ($KATA_CONF_FILE in containerd's environment
-#     names a configuration with our kernel, initrd and kata-vsock: containerd 2.3/2.4
-#     run a user-namespaced pod's containers only for a runtime without options), Debian's
+#     users ($KATA_CONF_FILE in containerd's environment names a configuration with our
+#     kernel, initrd and kata-vsock; the snippet has no options table), Debian's
 #     CNI plugins (a bridge on a private /24 whose gateway address is the node's IP), the
 #     images of scripts/critest-images.sh and scripts/k8s-images.sh served by a loopback
 #     registry that registry.k8s.io, docker.io, gcr.io and quay.io resolve to;
@@ -303,13 +302,12 @@ cni_conflist "$WORK/cni/net.d/10-kata-k8s.conflist" "$NETNAME" "$BRIDGE" "$SUBNE
 # ---- containerd with the CRI and our runtimes as the README tells users ----
 t0=$SECONDS
 kata_config=$WORK/configuration.toml
-# `kata` without an options table, its configuration by $KATA_CONF_FILE: the one way
-# containerd 2.3/2.4 create a user-namespaced pod's containers (see cri-lib.sh).
+# The shipped snippet has no options table; $KATA_CONF_FILE names the test's configuration.
 export KATA_CONF_FILE=$kata_config
 kata_test_config "$kata_config"
 cfgver=$(containerd_config_version containerd)
 [ "$cfgver" -ge 3 ] || die "the suite runs on containerd 2.x; $CONTAINERD_BIN has $(containerd --version)"
-NO_OPTIONS=1 kata_snippet "$cfgver" "$kata_config" >"$WORK/kata-runtimes.toml"
+kata_snippet "$cfgver" >"$WORK/kata-runtimes.toml"
 extra="[plugins.\"io.containerd.cri.v1.images\".registry]
   config_path = \"$WORK/hosts\""
 capeff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)

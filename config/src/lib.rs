@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 pub use choice::{Accelerator, Choice, HypervisorName, SharedFs, VirtioFsCache};
 pub use error::Error;
 pub use file::{DEFAULT_VM_CACHE_DIR, HOST_UID_COUNT, HOST_UID_START, POD_MEMORY_OVERHEAD_MIB};
-pub use lookup::{find_config_file, CONF_FILE_ENV, DEFAULT_CONF_FILE, ETC_CONF_FILE};
+pub use lookup::{
+    file_name_for_shim, find_config_file, find_config_file_for, CONF_FILE_ENV, CONF_FILE_NAME,
+    DEFAULT_CONF_FILE, ETC_CONF_FILE,
+};
 pub use model::{
     AgentConfig, BuiltinConfig, Config, FactoryConfig, HostProcesses, HypervisorConfig,
     KataAgentConfig, PodSizing, QemuConfig, RuntimeConfig, MAX_BUILTIN_VCPUS, MAX_VCPUS,

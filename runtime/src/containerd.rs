@@ -33,7 +33,8 @@ const CRI_PLUGINS: [&str; 3] = [
     "cri",
 ];
 
-/// A runtime entry whose `runtime_type` is [`RUNTIME_TYPE`].
+/// A runtime entry whose `runtime_type` is [`RUNTIME_TYPE`] or a flavour of it
+/// (`io.containerd.kata-<flavour>.v2`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct RuntimeEntry {
@@ -41,6 +42,33 @@ pub struct RuntimeEntry {
     pub name: String,
     /// `options.ConfigPath`, when set.
     pub config_path: Option<String>,
+    /// The shim binary containerd runs for it (`containerd-shim-kata-builtin-v2`), whose
+    /// name picks its configuration file when there is no `ConfigPath`.
+    pub shim: String,
+    /// `runtime_path`, when set: the shim binary by path.
+    pub runtime_path: Option<String>,
+}
+
+impl RuntimeEntry {
+    /// The configuration file its shim reads, and how it was chosen.
+    pub fn configuration(&self) -> Result<(PathBuf, String), kata_config::Error> {
+        if let Some(path) = &self.config_path {
+            return Ok((PathBuf::from(path), "ConfigPath".into()));
+        }
+        let name = kata_config::file_name_for_shim(&self.shim);
+        let path =
+            kata_config::find_config_file_for(&name, self.runtime_path.as_deref().map(Path::new))?;
+        Ok((path, format!("{name} by the shim's name")))
+    }
+}
+
+/// The shim binary containerd runs for `runtime_type` (`io.containerd.kata-builtin.v2`:
+/// `containerd-shim-kata-builtin-v2`), when it is ours.
+fn kata_shim_of(runtime_type: &str) -> Option<String> {
+    let rest = runtime_type.strip_prefix("io.containerd.")?;
+    let (name, version) = rest.rsplit_once('.')?;
+    (version == "v2" && (name == "kata" || name.starts_with("kata-")))
+        .then(|| format!("containerd-shim-{name}-v2"))
 }
 
 /// What was found about containerd.
@@ -151,8 +179,10 @@ impl Containerd {
         let broken: Vec<String> = entries
             .iter()
             .filter_map(|e| {
-                let path = e.config_path.as_ref()?;
-                let err = kata_config::Config::load_from(Path::new(path)).err()?;
+                let err = match e.configuration() {
+                    Ok((path, _)) => kata_config::Config::load_from(&path).err()?,
+                    Err(err) => err,
+                };
                 Some(format!("runtime {}: {err}", e.name))
             })
             .collect();
@@ -165,16 +195,21 @@ impl Containerd {
             Line::fail(
                 "containerd runtime",
                 broken.join("; "),
-                "run `make install` (it installs the configuration files the deploy snippets name), or fix ConfigPath",
+                "run `make install` (it installs configuration.toml and configuration-builtin.toml), or fix the runtime's ConfigPath",
             )
         }
     }
 }
 
 fn describe_entry(e: &RuntimeEntry) -> String {
-    match &e.config_path {
-        Some(path) => format!("{} (ConfigPath {path})", e.name),
-        None => format!("{} (the default configuration lookup)", e.name),
+    match (&e.config_path, e.configuration()) {
+        (Some(path), _) => format!("{} (ConfigPath {path})", e.name),
+        (None, Ok((path, how))) => format!("{} ({}: {how})", e.name, path.display()),
+        (None, Err(_)) => format!(
+            "{} ({} by the shim's name, not found)",
+            e.name,
+            kata_config::file_name_for_shim(&e.shim)
+        ),
     }
 }
 
@@ -226,11 +261,18 @@ pub fn kata_runtimes(doc: &toml::Table) -> Vec<RuntimeEntry> {
                 .as_table()
         })
         .flat_map(|runtimes| runtimes.iter())
-        .filter(|(_, rt)| {
-            rt.get("runtime_type").and_then(toml::Value::as_str) == Some(RUNTIME_TYPE)
+        .filter_map(|(name, rt)| {
+            let shim = kata_shim_of(rt.get("runtime_type").and_then(toml::Value::as_str)?)?;
+            Some((name, rt, shim))
         })
-        .map(|(name, rt)| RuntimeEntry {
+        .map(|(name, rt, shim)| RuntimeEntry {
             name: name.clone(),
+            shim,
+            runtime_path: rt
+                .get("runtime_path")
+                .and_then(toml::Value::as_str)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string),
             config_path: rt
                 .get("options")
                 .and_then(|o| o.get("ConfigPath"))

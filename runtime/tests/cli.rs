@@ -16,8 +16,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_kata-runtime");
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 const VIRTIOFSD: &str = "/opt/kata-tools/bin/virtiofsd";
 const SNIPPET_V2: &str = include_str!("../../deploy/containerd/kata-containerd-1.x.toml");
-const SHIPPED_CONFIG: &str = "/usr/share/defaults/kata-containers/configuration.toml";
-const SHIPPED_BUILTIN: &str = "/usr/share/defaults/kata-containers/configuration-builtin.toml";
 
 struct Host {
     dir: tempfile::TempDir,
@@ -43,27 +41,49 @@ fn host() -> Host {
     std::fs::write(p("initrd.img"), b"07070100000001").unwrap();
     std::fs::create_dir(p("bin")).unwrap();
     write_exec(&p("bin/containerd-shim-kata-v2"), "#!/bin/sh\nexit 0\n");
+    std::os::unix::fs::symlink(
+        "containerd-shim-kata-v2",
+        p("bin/containerd-shim-kata-builtin-v2"),
+    )
+    .unwrap();
+    // An install under the temporary prefix, as kata-deploy's under /opt/kata: each shim
+    // finds its file among the prefix's defaults by its name.
+    let defaults = p("share/defaults/kata-containers");
+    std::fs::create_dir_all(&defaults).unwrap();
     let common = format!(
         "kernel = \"{k}\"\ninitrd = \"{i}\"\nvirtio_fs_daemon = \"{VIRTIOFSD}\"\n",
         k = p("vmlinux").display(),
         i = p("initrd.img").display()
     );
-    let config = p("configuration.toml");
+    let config = defaults.join("configuration.toml");
     std::fs::write(
         &config,
         format!("[hypervisor.qemu]\npath = \"{QEMU}\"\nvsock_backend = \"/bin/true\"\n{common}"),
     )
     .unwrap();
-    let builtin_config = p("configuration-builtin.toml");
+    let builtin_config = defaults.join("configuration-builtin.toml");
     std::fs::write(
         &builtin_config,
         format!("[runtime]\nhypervisor_name = \"builtin\"\n[hypervisor.builtin]\npath = \"/bin/true\"\n{common}"),
     )
     .unwrap();
     let containerd_config = p("containerd.toml");
+    let bin = p("bin");
     let snippet = SNIPPET_V2
-        .replace(SHIPPED_CONFIG, &config.display().to_string())
-        .replace(SHIPPED_BUILTIN, &builtin_config.display().to_string());
+        .replace(
+            "runtime_type = \"io.containerd.kata.v2\"",
+            &format!(
+                "runtime_type = \"io.containerd.kata.v2\"\n  runtime_path = \"{}/containerd-shim-kata-v2\"",
+                bin.display()
+            ),
+        )
+        .replace(
+            "runtime_type = \"io.containerd.kata-builtin.v2\"",
+            &format!(
+                "runtime_type = \"io.containerd.kata-builtin.v2\"\n  runtime_path = \"{}/containerd-shim-kata-builtin-v2\"",
+                bin.display()
+            ),
+        );
     std::fs::write(&containerd_config, format!("version = 2\n{snippet}")).unwrap();
     let path_env = format!(
         "{}:{}",
@@ -210,7 +230,8 @@ fn check_on_this_host_with_a_private_configuration() {
         "containerd runtime",
         true,
         &format!(
-            "kata (ConfigPath {config}), kata-builtin (ConfigPath {})",
+            "kata ({config}: configuration.toml by the shim's name), kata-builtin ({}: \
+             configuration-builtin.toml by the shim's name)",
             h.builtin_config.display()
         ),
     );

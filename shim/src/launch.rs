@@ -56,7 +56,8 @@ impl Launcher for VmLauncher {
     ) -> Result<Arc<Sandbox>, LaunchError> {
         let cfg = options::load_config(options, crate::start::start_config_path())?;
         self.debug.set(cfg.runtime.enable_debug);
-        slog::info!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id);
+        slog::info!(log, "phase: shim start"; "phase" => "shim start", "elapsed_ms" => 0u64, "container" => id,
+            "configuration" => cfg.origin.display());
         let (cfg, size) = crate::sizing::apply(cfg, &spec.resources)?;
         slog::info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
             "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);

@@ -6,8 +6,16 @@
 //!    or by `ctr run --runtime-config-path FILE`; CreateTask carries them, and so does
 //!    `start`'s stdin (see `start`), for a CreateTask without any;
 //! 2. `$KATA_CONF_FILE`;
-//! 3. `/etc/kata-containers/configuration.toml`;
-//! 4. `/usr/share/defaults/kata-containers/configuration.toml`.
+//! 3. the file of the runtime containerd started, named by the shim's own name as
+//!    containerd runs it (`containerd-shim-kata-v2`: `configuration.toml`;
+//!    `containerd-shim-kata-<flavour>-v2`, runtime type `io.containerd.kata-<flavour>.v2`:
+//!    `configuration-<flavour>.toml`), in `/etc/kata-containers/`, then in the defaults of
+//!    the install the binary belongs to (`<prefix>/share/defaults/kata-containers/`), then
+//!    in `/usr/share/defaults/kata-containers/`.
+//!
+//! So a runtime entry needs no `options` table to have a configuration of its own, and
+//! without one containerd 2.3+ can create user-namespaced containers (see
+//! `start::user_namespaces_work`).
 //!
 //! A file named by the options must exist: a typo there is an error, not a silent
 //! fall-back to the defaults.
@@ -69,10 +77,23 @@ pub fn load_config(
             }
             kata_config::Config::load_from(&path)?
         }
-        None => kata_config::Config::load()?,
+        None => kata_config::Config::load_from(&kata_config::find_config_file_for(
+            &own_file_name(),
+            std::env::current_exe().ok().as_deref(),
+        )?)?,
     };
     cfg.validate_paths()?;
     Ok(cfg)
+}
+
+/// The configuration file name this shim's name selects (as containerd ran it: `argv[0]`).
+pub fn own_file_name() -> String {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let name = std::path::Path::new(&argv0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    kata_config::file_name_for_shim(&name)
 }
 
 #[cfg(test)]

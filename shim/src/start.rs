@@ -453,6 +453,10 @@ impl ServingShim {
     fn spawn(flags: &Flags, params: &StartParams, address: &str) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("finding the shim binary: {e}"))?;
         let mut cmd = Command::new(exe);
+        // The name containerd ran us by selects the configuration (`options`): kept.
+        if let Some(argv0) = std::env::args_os().next() {
+            cmd.arg0(argv0);
+        }
         cmd.args(["-namespace", &flags.namespace, "-id", &flags.id])
             .args(["-address", &flags.address, "-socket", address]);
         if flags.debug || params.debug {

@@ -87,6 +87,10 @@ case_helm-install() {
     pid=$(cat "$CD_DIR/containerd.pid")
     kill -TERM "$pid"
     while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    # As on a node: the installed shims find their configuration by their names among the
+    # prefix's defaults, not through the suite's $KATA_CONF_FILE (unset for every
+    # containerd from here on; the case is the suite's last).
+    unset KATA_CONF_FILE
     KATA_SNIPPET=none start_containerd
     until_ok 120 "the node is not Ready after containerd's restart without kata" kubectl wait "node/$NODE" --for=condition=Ready --timeout=1s
     grep -q 'runtimes\.kata' "$CD_DIR/config.toml" && fail "containerd's configuration still names the kata runtime"
@@ -138,6 +142,10 @@ EOF
     t_ready=$((SECONDS - t0))
     guest=$(strings "$KATA_KERNEL" | sed -n 's/^Linux version \([^ ]*\).*/\1/p' | head -n 1)
     eq "$(x keep -- uname -r)" "$guest" "the kata pod's kernel (the guest's)"
+    # The installed runtime entry has no options table, so containerd 2.3 offers user
+    # namespaces for it (kubelet reads that from the node's status).
+    until_ok 60 "the node does not report user namespaces for the installed kata runtime" sh -c \
+        "kubectl get node $NODE -o jsonpath='{.status.runtimeHandlers[?(@.name==\"kata\")].features.userNamespaces}' | grep -qx true"
     echo "TIME helm install -> first kata pod Ready: $t_ready s"
     echo "$t_ready" >"$LOG_DIR/helm-install-seconds"
     BEFORE_ID=$(jp pod/keep '{.status.containerStatuses[0].containerID}')

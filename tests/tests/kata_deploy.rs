@@ -164,9 +164,23 @@ fn install_and_uninstall(version: &str, config_version: u32, cri_runtime_plugin:
         kata.contains(&shim),
         "kata's runtime_path is not {shim}:\n{merged}"
     );
+    // No options table: each shim finds its file among the prefix's defaults by its name.
     let conf = format!("{p}/share/defaults/kata-containers/configuration.toml");
-    assert!(kata.contains(&conf), "kata's ConfigPath is not {conf}");
-    assert!(merged.contains("runtimes.kata-builtin]"), "{merged}");
+    assert!(!merged.contains("ConfigPath"), "{merged}");
+    let builtin = merged
+        .split("runtimes.kata-builtin]")
+        .nth(1)
+        .unwrap_or_else(|| panic!("containerd {version} has no kata-builtin runtime:\n{merged}"));
+    let builtin_shim = format!("{p}/bin/containerd-shim-kata-builtin-v2");
+    assert!(
+        builtin.contains(&builtin_shim) && builtin.contains("io.containerd.kata-builtin.v2"),
+        "kata-builtin's runtime_path is not {builtin_shim}:\n{merged}"
+    );
+    assert_eq!(
+        std::fs::read_link(&builtin_shim).ok(),
+        Some("containerd-shim-kata-v2".into()),
+        "{builtin_shim} is not a link to the shim"
+    );
     assert!(merged.contains("runtimes.runc]"), "runc is gone:\n{merged}");
 
     // The runtime reads the configuration drop-in with the paths under the prefix.

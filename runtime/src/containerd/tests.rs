@@ -23,21 +23,51 @@ fn the_v2_deploy_snippet_declares_kata_and_kata_builtin() {
     assert_eq!(
         entries,
         vec![
+            // No options table (containerd 2.3+ cannot create user-namespaced
+            // containers through one): the runtime type names the shim, whose name picks
+            // the configuration file.
             RuntimeEntry {
                 name: "kata".into(),
-                config_path: Some("/usr/share/defaults/kata-containers/configuration.toml".into()),
+                config_path: None,
+                shim: "containerd-shim-kata-v2".into(),
+                runtime_path: None,
             },
             RuntimeEntry {
                 name: "kata-builtin".into(),
-                config_path: Some(
-                    "/usr/share/defaults/kata-containers/configuration-builtin.toml".into()
-                ),
+                config_path: None,
+                shim: "containerd-shim-kata-builtin-v2".into(),
+                runtime_path: None,
             },
         ]
     );
     assert!(
         SNIPPET_V2.contains(r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]"#)
     );
+    assert!(!SNIPPET_V2.contains(".options]") && !SNIPPET_V3.contains(".options]"));
+    assert_eq!(
+        kata_config::file_name_for_shim(&entries[1].shim),
+        "configuration-builtin.toml"
+    );
+}
+
+#[test]
+fn only_our_runtime_types_are_ours() {
+    assert_eq!(
+        kata_shim_of("io.containerd.kata.v2").as_deref(),
+        Some("containerd-shim-kata-v2")
+    );
+    assert_eq!(
+        kata_shim_of("io.containerd.kata-qemu.v2").as_deref(),
+        Some("containerd-shim-kata-qemu-v2")
+    );
+    for other in [
+        "io.containerd.runc.v2",
+        "io.containerd.kata.v1",
+        "io.containerd.katana.v2",
+        "kata",
+    ] {
+        assert_eq!(kata_shim_of(other), None, "{other}");
+    }
 }
 
 #[test]
@@ -76,7 +106,9 @@ version = 2
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-old]
-  runtime_type = "io.containerd.kata-qemu.v2"
+  runtime_type = "io.containerd.kata.v1"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gvisor]
+  runtime_type = "io.containerd.runsc.v1"
 "#,
     );
     assert!(kata_runtimes(&doc).is_empty());
@@ -98,7 +130,9 @@ fn version_1_files_and_empty_config_paths_are_understood() {
         kata_runtimes(&doc),
         vec![RuntimeEntry {
             name: "kata".into(),
-            config_path: None
+            config_path: None,
+            shim: "containerd-shim-kata-v2".into(),
+            runtime_path: None,
         }]
     );
 }
@@ -153,6 +187,8 @@ fn entries_with_a_loadable_config_path_pass_and_broken_ones_fail() {
         Ok(vec![RuntimeEntry {
             name: "kata".into(),
             config_path: Some(good.display().to_string()),
+            shim: "containerd-shim-kata-v2".into(),
+            runtime_path: None,
         }]),
     )
     .lines(Some(Path::new("/usr/local/bin/containerd-shim-kata-v2")));
@@ -169,6 +205,8 @@ fn entries_with_a_loadable_config_path_pass_and_broken_ones_fail() {
         Ok(vec![RuntimeEntry {
             name: "kata-builtin".into(),
             config_path: Some(missing.display().to_string()),
+            shim: "containerd-shim-kata-builtin-v2".into(),
+            runtime_path: None,
         }]),
     )
     .lines(None);

@@ -265,8 +265,7 @@ impl CriContainerd {
         )
         .expect("writing the CNI configuration");
         let snippet = dir.join("kata-containerd.toml");
-        std::fs::write(&snippet, kata_snippet(v3, &Containerd::conf_file_in(&dir)))
-            .expect("writing the kata runtimes snippet");
+        std::fs::write(&snippet, kata_snippet(v3)).expect("writing the kata runtimes snippet");
         let script_env = vec![
             ("CONTAINERD_ENABLE_CRI".to_string(), "1".to_string()),
             ("CONTAINERD_EXTRA_TOML".to_string(), cri_plugin_toml(v3)),
@@ -846,28 +845,14 @@ impl Drop for CriContainerd {
 /// The kata runtimes for containerd's configuration: the deploy snippet that the README
 /// has users append (`deploy/containerd/`: `kata-containerd-1.x.toml` for configuration
 /// version 2, containerd 1.x; `kata-containerd-2.x.toml` for versions 3 and 4, containerd
-/// 2.x), as it is but for the `kata` runtime's `ConfigPath`, which names the test's runtime
-/// configuration `conf` instead of the installed default.
-pub(crate) fn kata_snippet(v3: bool, conf: &Path) -> String {
-    const SHIPPED: &str = "/usr/share/defaults/kata-containers/configuration.toml";
-    let snippet = if v3 {
-        include_str!("../../../deploy/containerd/kata-containerd-2.x.toml")
+/// 2.x), as it is. It has no options table: the shim finds its configuration by its name,
+/// and here by `KATA_CONF_FILE`, which names the test's (see `Containerd::script`).
+pub(crate) fn kata_snippet(v3: bool) -> String {
+    if v3 {
+        include_str!("../../../deploy/containerd/kata-containerd-2.x.toml").to_string()
     } else {
-        include_str!("../../../deploy/containerd/kata-containerd-1.x.toml")
-    };
-    let line = format!("  ConfigPath = {}", crate::toml_str(SHIPPED));
-    assert_eq!(
-        snippet.matches(&line).count(),
-        1,
-        "the deploy snippet no longer has `{line}` once (the kata runtime's ConfigPath)"
-    );
-    snippet.replace(
-        &line,
-        &format!(
-            "  ConfigPath = {}",
-            crate::toml_str(&conf.display().to_string())
-        ),
-    )
+        include_str!("../../../deploy/containerd/kata-containerd-1.x.toml").to_string()
+    }
 }
 
 /// The CRI plugin's own table (containerd 1.x, config version 2), appended to the
@@ -1240,29 +1225,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_kata_snippet_is_the_deploy_file_with_the_tests_config_path() {
-        let conf = Path::new("/tmp/kata-e2e-x/configuration.toml");
+    fn the_kata_snippet_is_the_deploy_file_as_shipped() {
         for (v3, plugin) in [
             (false, "io.containerd.grpc.v1.cri"),
             (true, "io.containerd.cri.v1.runtime"),
         ] {
-            let text = kata_snippet(v3, conf);
+            let text = kata_snippet(v3);
             assert!(
                 text.contains(&format!(
                     "[plugins.\"{plugin}\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n  privileged_without_host_devices = true\n"
                 )),
                 "{text}"
             );
+            // No options table (containerd 2.3+ fails user-namespaced containers through
+            // one); kata-builtin is a runtime type of its own, whose shim's name picks its
+            // configuration file.
+            assert!(!text.contains("ConfigPath ="), "{text}");
             assert!(
-                text.contains("  ConfigPath = \"/tmp/kata-e2e-x/configuration.toml\"\n"),
+                text.contains("runtime_type = \"io.containerd.kata-builtin.v2\""),
                 "{text}"
             );
-            assert!(
-                !text.contains("kata-containers/configuration.toml\""),
-                "{text}"
-            );
-            // kata-builtin keeps its installed file: the tests never run it.
-            assert!(text.contains("configuration-builtin.toml"), "{text}");
         }
     }
 }
