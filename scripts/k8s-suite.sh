@@ -308,6 +308,16 @@ kata_test_config "$kata_config"
 cfgver=$(containerd_config_version containerd)
 [ "$cfgver" -ge 3 ] || die "the suite runs on containerd 2.x; $CONTAINERD_BIN has $(containerd --version)"
 kata_snippet "$cfgver" >"$WORK/kata-runtimes.toml"
+# `kata-pool`: the kata runtime with a VM pool (case vm-pool, which runs its factory).
+# Its own configuration by ConfigPath: $KATA_CONF_FILE would name the other one.
+POOL_CONFIG=$WORK/configuration-pool.toml
+kata_test_config "$POOL_CONFIG"
+printf '[factory]\nvm_cache_number = 1\nvm_cache_dir = "%s"\n' "$WORK/pool" >>"$POOL_CONFIG"
+pool_runtime="[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata-pool]
+  runtime_type = \"io.containerd.kata.v2\"
+  privileged_without_host_devices = true
+[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata-pool.options]
+  ConfigPath = \"$POOL_CONFIG\""
 extra="[plugins.\"io.containerd.cri.v1.images\".registry]
   config_path = \"$WORK/hosts\""
 capeff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
@@ -320,8 +330,11 @@ STARTED_CONTAINERD=1
 # Env: KATA_SNIPPET=none (no kata runtime), CONTAINERD_KEEP_CONFIG=1 (the config as it is:
 # the Helm chart's installer has changed it), see containerd-private.sh.
 start_containerd() {
+    local toml=$extra
+    [ "${KATA_SNIPPET:-}" = none ] || toml="$toml
+$pool_runtime"
     SOCK=$(CONTAINERD_ENABLE_CRI=1 CONTAINERD_SANDBOX_IMAGE=localhost/kata-e2e-pause:latest \
-        CONTAINERD_CNI_CONF_DIR="$WORK/cni/net.d" CONTAINERD_EXTRA_TOML="$extra" \
+        CONTAINERD_CNI_CONF_DIR="$WORK/cni/net.d" CONTAINERD_EXTRA_TOML="$toml" \
         CONTAINERD_KATA_SNIPPET="${KATA_SNIPPET:-$WORK/kata-runtimes.toml}" \
         bash "$here/containerd-private.sh" start "$CD_DIR")
 }
@@ -554,6 +567,8 @@ metadata: {name: runc}
 handler: runc
 EOF
 k apply -f "$repo/deploy/kubernetes/runtimeclass.yaml" >/dev/null
+sed -e 's/^  name: kata$/  name: kata-pool/' -e 's/^handler: kata$/handler: kata-pool/' \
+    "$repo/deploy/kubernetes/runtimeclass.yaml" | awk '/^---/ { n++ } n == 0' | k apply -f - >/dev/null
 k -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null ||
     { k -n kube-system describe pods >&2; die "CoreDNS did not become ready"; }
 T_NODE=$((SECONDS - t0))

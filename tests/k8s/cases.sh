@@ -18,16 +18,16 @@ CASES=(
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
     exec attach logs-follow cp port-forward debug-ephemeral debug-target
-    resources-visible cpu-count qos-classes oom-killed vm-oom-reason summary-api
+    resources-visible cpu-count pod-level-resources qos-classes oom-killed vm-oom-reason summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
     user-namespaces
 )
 # Alone: ten pods at once fill the node's CPUs; restarts disturb every pod.
 SERIAL_CASES=(deployment-scale kubelet-restart containerd-restart)
-# Last, with RuntimeClass kata only: they take our runtime off the node and put it back
-# (tests/k8s/helm.sh).
-NODE_CASES=(helm-install)
+# Last, with RuntimeClass kata only: vm-pool runs a VM factory of its own; helm-install
+# takes our runtime off the node and puts it back (tests/k8s/helm.sh).
+NODE_CASES=(vm-pool helm-install)
 
 # ---- helpers for the cases ----
 kn() { kubectl --request-timeout=60s -n "$NS" "$@"; }
@@ -358,6 +358,58 @@ EOF
     ready imgvol
     x imgvol -- test -f /img/test-image-1 || fail "the image's file /test-image-1 is not at /img"
     if x imgvol -- touch /img/new 2>/dev/null; then fail "the image volume is writable"; fi
+}
+
+# The sandbox of pod NAME (this namespace) as the shim recorded it: its persist.json,
+# found by the pod's uid in its cgroup path.
+persisted_of() { # NAME
+    local uid
+    uid=$(jp "pod/$1" '{.metadata.uid}')
+    grep -l -- "pod$uid" /run/vc/sbs/*/persist.json 2>/dev/null | head -n 1
+}
+
+# RuntimeClass kata-pool: a VM factory (started and ended here by pid) keeps one VM ready.
+# A pod of the pool's size (no limits: the default size) with an image volume starts on a
+# pooled VM; one whose pod-level limits ask for another size boots cold, with its size.
+case_vm-pool() {
+    local log=$LOG_DIR/cases/vm-pool.factory.log persist
+    "$KATA_SHIM_DIR/containerd-shim-kata-v2" factory init --config "$POOL_CONFIG" >"$log" 2>&1 &
+    # Not local: the trap runs when the case's subshell exits, after this function.
+    VM_POOL_FACTORY=$!
+    trap 'kill -TERM "$VM_POOL_FACTORY" 2>/dev/null; wait "$VM_POOL_FACTORY" 2>/dev/null' EXIT
+    until_ok 120 "the factory did not make a VM ready (log: $log)" sh -c \
+        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
+    { pod pooled; cat <<EOF
+  containers:
+  - name: c
+    image: $IMG
+    command: [sleep, "3600"]
+    volumeMounts: [{name: i, mountPath: /img}]
+  volumes:
+  - name: i
+    image: {reference: registry.k8s.io/k8s-staging-cri-tools/test-image-1:latest, pullPolicy: IfNotPresent}
+EOF
+    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
+    ready pooled
+    persist=$(persisted_of pooled)
+    [ -n "$persist" ] || fail "no persist.json names the pod's cgroup"
+    grep -q '"vm_id"' "$persist" || fail "the pod did not start on a pooled VM: $(head -c 400 "$persist")"
+    x pooled -- test -f /img/test-image-1 || fail "the image volume is not at /img on the pooled VM"
+    if x pooled -- touch /img/new 2>/dev/null; then fail "the image volume is writable"; fi
+    { pod sized; cat <<EOF
+  resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "2", memory: 512Mi}}
+  containers:
+  - name: c
+    image: $IMG
+    command: [sleep, "3600"]
+EOF
+    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
+    ready sized
+    persist=$(persisted_of sized)
+    [ -n "$persist" ] || fail "no persist.json names the sized pod's cgroup"
+    if grep -q '"vm_id"' "$persist"; then fail "a pod of another size took a pooled VM"; fi
+    eq "$(x sized -- nproc)" 2 "vCPUs of the cold-booted pod limited to 2 CPUs"
+    kn delete pod pooled sized --wait=true --timeout=120s >/dev/null
 }
 
 # ---- lifecycle ----
@@ -708,6 +760,29 @@ EOF
         eq "$(x cpus -- nproc)" 1 "vCPUs of a pod limited to 1 CPU"
     else
         eq "$(x cpus -- nproc)" "$(nproc)" "CPUs a runc container sees"
+    fi
+}
+
+# Pod-level resources (KEP-2837, beta and on by default since 1.34): limits on the pod
+# alone, none on its container. kata sizes the VM by them as by containers' limits.
+case_pod-level-resources() {
+    { pod podres; cat <<EOF
+  resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "2", memory: 512Mi}}
+  containers:
+  - name: c
+    image: $IMG
+    command: [sleep, "3600"]
+EOF
+    } | apply
+    ready podres
+    eq "$(jp pod/podres '{.spec.resources.limits.memory}')" 512Mi "the pod's own limits as the API server kept them"
+    if [ "$RC" = kata ]; then
+        eq "$(x podres -- nproc)" 2 "vCPUs of a pod limited to 2 CPUs at the pod level"
+        local total
+        total=$(x podres -- awk '/^MemTotal/ {print $2}' /proc/meminfo)
+        [ "$total" -gt 560000 ] && [ "$total" -lt 640000 ] || fail "MemTotal $total kB is not the size of a 512 MiB pod's VM"
+    else
+        eq "$(x podres -- nproc)" "$(nproc)" "CPUs a runc container sees"
     fi
 }
 
