@@ -22,6 +22,7 @@ mod options;
 mod persist;
 mod pooled;
 mod ratelimit;
+mod resize;
 mod sandbox;
 mod service;
 mod sizing;
