@@ -101,15 +101,8 @@ pub struct Needed {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("resize refused: the pod asks for {asked}, its VM needs {needed} and can grow to at most {most} (booted with {boot}{ceiling}); {what}")]
-pub struct Refused {
-    asked: String,
-    needed: String,
-    most: String,
-    boot: String,
-    ceiling: String,
-    what: String,
-}
+#[error("resize refused: {0}")]
+pub struct Refused(String);
 
 /// The VM size `total` needs under `room`'s rule, if it fits in the boot size plus the
 /// ceiling; else why not, naming the key to raise.
@@ -153,21 +146,16 @@ pub fn fit(total: PodTotal, room: &Room) -> Result<Needed, Refused> {
             room.resize_vcpus, room.resize_memory_mib
         )
     };
-    Err(Refused {
-        asked: show(total.cpus, total.memory_mib),
-        needed: format!("{vcpus} vCPUs / {memory_mib} MiB"),
-        most: format!("{most_vcpus} vCPUs / {most_memory} MiB"),
-        boot: format!(
-            "{} vCPUs / {} MiB",
-            room.boot_vcpus, room.boot_memory_mib
-        ),
-        ceiling,
-        what: format!(
-            "raise {} in {} (the RuntimeClass's configuration) for new pods, or recreate this pod with the new limits",
-            keys.join(" and "),
-            room.origin
-        ),
-    })
+    Err(Refused(format!(
+        "the pod asks for {}, its VM needs {vcpus} vCPUs / {memory_mib} MiB and can grow to at most \
+         {most_vcpus} vCPUs / {most_memory} MiB (booted with {} vCPUs / {} MiB{ceiling}); raise {} in {} \
+         (the RuntimeClass's configuration) for new pods, or recreate this pod with the new limits",
+        show(total.cpus, total.memory_mib),
+        room.boot_vcpus,
+        room.boot_memory_mib,
+        keys.join(" and "),
+        room.origin
+    )))
 }
 
 #[cfg(test)]
