@@ -5,12 +5,14 @@
 //! VM can be: its boot size plus the RuntimeClass's resize ceiling. Past it, the resize is
 //! refused with a message kubelet shows in the pod's resize condition.
 //!
-//! Not wired yet: the shim does not yet keep each container's limits, and the VM cannot
-//! grow past its boot size (the ceiling is 0 until the boot-with-the-ceiling mechanism of
-//! the README's "sizing" lands), see the report of branch `r`.
-#![allow(dead_code)]
+//! The VM cannot grow past its boot size yet (the ceiling is 0 until the
+//! boot-with-the-ceiling mechanism lands): a resize that needs more than the VM has is
+//! refused instead of being accepted and not given.
 
 use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 const MIB: u64 = 1 << 20;
 
@@ -104,9 +106,28 @@ pub struct Needed {
 #[error("resize refused: {0}")]
 pub struct Refused(String);
 
-/// The VM size `total` needs under `room`'s rule, if it fits in the boot size plus the
-/// ceiling; else why not, naming the key to raise.
-pub fn fit(total: PodTotal, room: &Room) -> Result<Needed, Refused> {
+/// The VM size `total` needs under `room`'s rule.
+fn needed(total: PodTotal, room: &Room) -> Needed {
+    Needed {
+        vcpus: total
+            .cpus
+            .map_or(room.boot_vcpus, |c| c + room.vcpus_overhead),
+        // As crate::sizing: the limit plus the guest's own need, plus 1/64 for the guest
+        // kernel's page descriptors.
+        memory_mib: total
+            .memory_mib
+            .map_or(u64::from(room.boot_memory_mib), |m| {
+                ((m + u64::from(room.memory_overhead_mib)) * 64).div_ceil(63)
+            }),
+    }
+}
+
+/// Whether a resize from `before` to `total` may go ahead: a figure that grows must fit in
+/// the boot size plus the ceiling (one that stays or shrinks always may: containers
+/// created with limits past the boot size, in a pod without limits, keep them); else
+/// why not, naming the key to raise.
+pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Refused> {
+    let was = needed(before, room);
     let vcpus = total
         .cpus
         .map_or(room.boot_vcpus, |c| c + room.vcpus_overhead);
@@ -119,8 +140,8 @@ pub fn fit(total: PodTotal, room: &Room) -> Result<Needed, Refused> {
         });
     let most_vcpus = room.boot_vcpus + room.resize_vcpus;
     let most_memory = u64::from(room.boot_memory_mib) + u64::from(room.resize_memory_mib);
-    let cpu_over = vcpus > most_vcpus;
-    let mem_over = memory_mib > most_memory;
+    let cpu_over = vcpus > most_vcpus && vcpus > was.vcpus;
+    let mem_over = memory_mib > most_memory && memory_mib > was.memory_mib;
     if !cpu_over && !mem_over {
         return Ok(Needed { vcpus, memory_mib });
     }
@@ -156,6 +177,118 @@ pub fn fit(total: PodTotal, room: &Room) -> Result<Needed, Refused> {
         keys.join(" and "),
         room.origin
     )))
+}
+
+/// What this shim's VM is (set when it boots) and the limits Task.Update has given its
+/// containers since they were created.
+static ROOM: Mutex<Option<Room>> = Mutex::new(None);
+static GIVEN: Mutex<Option<HashMap<String, Limits>>> = Mutex::new(None);
+
+impl Room {
+    /// The room of a VM booted with `cfg` (after [`crate::sizing::apply`]); no ceiling yet.
+    pub fn of_config(cfg: &kata_config::Config) -> Self {
+        let (vcpus, memory, sizing, section) =
+            if cfg.runtime.hypervisor_name == kata_config::HypervisorName::Builtin {
+                let b = &cfg.hypervisor.builtin;
+                (
+                    b.default_vcpus,
+                    b.default_memory,
+                    b.sizing,
+                    "hypervisor.builtin",
+                )
+            } else {
+                let q = &cfg.hypervisor.qemu;
+                (
+                    q.default_vcpus,
+                    q.default_memory,
+                    q.sizing,
+                    "hypervisor.qemu",
+                )
+            };
+        Room {
+            boot_vcpus: vcpus,
+            boot_memory_mib: memory,
+            resize_vcpus: 0,
+            resize_memory_mib: 0,
+            vcpus_overhead: sizing.vcpus_overhead,
+            memory_overhead_mib: sizing.memory_overhead,
+            section,
+            origin: cfg.origin.display().to_string(),
+        }
+    }
+}
+
+/// Records the room of this shim's VM, at boot.
+pub fn booted(room: Room) {
+    if let Ok(mut r) = ROOM.lock() {
+        *r = Some(room);
+    }
+}
+
+/// A container's limits as created, from its bundle's `config.json`; `None` for the
+/// sandbox (pause) container, whose limits are the pod's own and not one more share.
+fn created_limits(bundle: &Path) -> Option<Limits> {
+    let text = std::fs::read(bundle.join("config.json")).ok()?;
+    let spec: Value = serde_json::from_slice(&text).ok()?;
+    let kind = spec
+        .pointer("/annotations/io.kubernetes.cri.container-type")
+        .and_then(Value::as_str);
+    if kind == Some("sandbox") {
+        return None;
+    }
+    Some(
+        spec.pointer("/linux/resources")
+            .map(Limits::of_resources)
+            .unwrap_or_default(),
+    )
+}
+
+/// Whether container `id` may take `resources` (OCI LinuxResources JSON): the pod's total
+/// with it, against the pod's total now. `containers`: every container of the sandbox and
+/// its bundle. Without a recorded room (no VM booted by this shim) everything may.
+pub fn check(id: &str, resources: &[u8], containers: &[(String, PathBuf)]) -> Result<(), Refused> {
+    let Some(room) = ROOM.lock().ok().and_then(|r| r.clone()) else {
+        return Ok(());
+    };
+    let new = serde_json::from_slice::<Value>(resources)
+        .map(|v| Limits::of_resources(&v))
+        .unwrap_or_default();
+    let given = GIVEN
+        .lock()
+        .ok()
+        .and_then(|g| g.clone())
+        .unwrap_or_default();
+    let mut before = Vec::new();
+    let mut after = Vec::new();
+    for (cid, bundle) in containers {
+        let Some(created) = created_limits(bundle) else {
+            continue;
+        };
+        let now = given.get(cid).copied().unwrap_or(created);
+        before.push(now);
+        after.push(if cid == id { new } else { now });
+    }
+    fit(pod_total(&before), pod_total(&after), &room).map(|_| ())
+}
+
+/// Records that container `id` now has `resources`.
+pub fn given(id: &str, resources: &[u8]) {
+    let new = serde_json::from_slice::<Value>(resources)
+        .map(|v| Limits::of_resources(&v))
+        .unwrap_or_default();
+    if let Ok(mut g) = GIVEN.lock() {
+        g.get_or_insert_with(HashMap::new)
+            .insert(id.to_string(), new);
+    }
+}
+
+/// Forgets a deleted container's limits.
+pub fn forget(id: &str) {
+    if let Ok(mut g) = GIVEN.lock() {
+        if let Some(g) = g.as_mut() {
+            g.remove(id);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -228,6 +361,36 @@ mod tests {
         );
     }
 
+    const BOOT: PodTotal = PodTotal {
+        cpus: Some(1),
+        memory_mib: Some(256),
+    };
+
+    #[test]
+    fn what_does_not_grow_is_never_refused() {
+        // A pod without limits whose container was created with 4 GiB on a smaller VM:
+        // lowering the CPU limit is not refused for the memory it already had.
+        let before = PodTotal {
+            cpus: Some(2),
+            memory_mib: Some(4096),
+        };
+        let after = PodTotal {
+            cpus: Some(1),
+            memory_mib: Some(4096),
+        };
+        assert!(fit(before, after, &room(0, 0)).is_ok());
+        // Growing it further is refused.
+        let more = PodTotal {
+            cpus: Some(1),
+            memory_mib: Some(5000),
+        };
+        let err = fit(before, more, &room(0, 0))
+            .expect_err("grows past")
+            .to_string();
+        assert!(err.contains("pod_resize_memory"), "{err}");
+        assert!(!err.contains("pod_resize_vcpus"), "{err}");
+    }
+
     #[test]
     fn a_resize_within_the_ceiling_fits() {
         // Boot: 1 CPU / 256 MiB pod -> 1 vCPU / 358 MiB. Grow to 2 CPU / 512 MiB.
@@ -236,7 +399,7 @@ mod tests {
             memory_mib: Some(512),
         };
         assert_eq!(
-            fit(t, &room(1, 300)),
+            fit(BOOT, t, &room(1, 300)),
             Ok(Needed {
                 vcpus: 2,
                 memory_mib: 618
@@ -248,7 +411,7 @@ mod tests {
             memory_mib: Some(128),
         };
         assert_eq!(
-            fit(t, &room(0, 0)),
+            fit(BOOT, t, &room(0, 0)),
             Ok(Needed {
                 vcpus: 1,
                 memory_mib: 228
@@ -262,7 +425,7 @@ mod tests {
             cpus: Some(4),
             memory_mib: Some(512),
         };
-        let err = fit(t, &room(1, 300))
+        let err = fit(BOOT, t, &room(1, 300))
             .expect_err("past the ceiling")
             .to_string();
         assert!(err.contains("asks for 4 CPU / 512 MiB"), "{err}");
@@ -276,7 +439,9 @@ mod tests {
         );
         assert!(!err.contains("pod_resize_memory"), "{err}");
         // Without a ceiling, any growth past the boot size is refused, both keys named.
-        let err = fit(t, &room(0, 0)).expect_err("no ceiling").to_string();
+        let err = fit(BOOT, t, &room(0, 0))
+            .expect_err("no ceiling")
+            .to_string();
         assert!(err.contains("no resize ceiling"), "{err}");
         assert!(
             err.contains("pod_resize_vcpus and hypervisor.qemu.pod_resize_memory"),
