@@ -152,6 +152,18 @@ pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Ref
             m.map_or("no limit".into(), |m| m.to_string())
         )
     };
+    let asks = format!(
+        "the pod asks for {}, its VM needs {vcpus} vCPUs / {memory_mib} MiB",
+        show(total.cpus, total.memory_mib)
+    );
+    if room.resize_vcpus == 0 && room.resize_memory_mib == 0 {
+        // No ceiling (the only case until the VM boots with one): no key to raise.
+        return Err(Refused(format!(
+            "{asks} but was booted with {} vCPUs / {} MiB and cannot grow past its boot size; \
+             recreate the pod with the new limits",
+            room.boot_vcpus, room.boot_memory_mib
+        )));
+    }
     let mut keys = Vec::new();
     if cpu_over {
         keys.push(format!("{}.pod_resize_vcpus", room.section));
@@ -159,21 +171,14 @@ pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Ref
     if mem_over {
         keys.push(format!("{}.pod_resize_memory", room.section));
     }
-    let ceiling = if room.resize_vcpus == 0 && room.resize_memory_mib == 0 {
-        ", no resize ceiling".to_string()
-    } else {
-        format!(
-            " + ceiling {} vCPUs / {} MiB",
-            room.resize_vcpus, room.resize_memory_mib
-        )
-    };
     Err(Refused(format!(
-        "the pod asks for {}, its VM needs {vcpus} vCPUs / {memory_mib} MiB and can grow to at most \
-         {most_vcpus} vCPUs / {most_memory} MiB (booted with {} vCPUs / {} MiB{ceiling}); raise {} in {} \
-         (the RuntimeClass's configuration) for new pods, or recreate this pod with the new limits",
-        show(total.cpus, total.memory_mib),
+        "{asks} and can grow to at most {most_vcpus} vCPUs / {most_memory} MiB (booted with {} vCPUs \
+         / {} MiB + ceiling {} vCPUs / {} MiB); raise {} in {} (the RuntimeClass's configuration) \
+         for new pods, or recreate this pod with the new limits",
         room.boot_vcpus,
         room.boot_memory_mib,
+        room.resize_vcpus,
+        room.resize_memory_mib,
         keys.join(" and "),
         room.origin
     )))
@@ -378,13 +383,13 @@ mod tests {
             cpus: Some(1),
             memory_mib: Some(4096),
         };
-        assert!(fit(before, after, &room(0, 0)).is_ok());
+        assert!(fit(before, after, &room(1, 1000)).is_ok());
         // Growing it further is refused.
         let more = PodTotal {
             cpus: Some(1),
             memory_mib: Some(5000),
         };
-        let err = fit(before, more, &room(0, 0))
+        let err = fit(before, more, &room(1, 1000))
             .expect_err("grows past")
             .to_string();
         assert!(err.contains("pod_resize_memory"), "{err}");
@@ -438,14 +443,14 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("pod_resize_memory"), "{err}");
-        // Without a ceiling, any growth past the boot size is refused, both keys named.
+        // Without a ceiling, any growth past the boot size is refused, with no key to raise.
         let err = fit(BOOT, t, &room(0, 0))
             .expect_err("no ceiling")
             .to_string();
-        assert!(err.contains("no resize ceiling"), "{err}");
         assert!(
-            err.contains("pod_resize_vcpus and hypervisor.qemu.pod_resize_memory"),
+            err.contains("asks for 4 CPU / 512 MiB, its VM needs 4 vCPUs / 618 MiB but was booted with 1 vCPUs / 358 MiB and cannot grow"),
             "{err}"
         );
+        assert!(!err.contains("pod_resize"), "{err}");
     }
 }
