@@ -62,6 +62,7 @@ impl Launcher for VmLauncher {
         slog::info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
             "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);
         crate::metrics::METRICS.set_vm_size(size.vcpus, size.memory_mib);
+        crate::resize::booted(crate::resize::Room::of_config(&cfg));
         Ok(Sandbox::create(id, &cfg, spec, log).await?)
     }
 }

@@ -23,6 +23,7 @@ mod persist;
 mod pid_anchor;
 mod pooled;
 mod ratelimit;
+mod resize;
 mod sandbox;
 mod service;
 mod sizing;

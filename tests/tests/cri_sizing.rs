@@ -88,6 +88,31 @@ fn runtime_class_overhead() -> i64 {
     mib * MIB
 }
 
+/// Container limits of `cpus` CPUs and `memory` bytes, as kubelet sends them.
+fn container_limits(cpus: i64, memory: i64) -> api::LinuxContainerResources {
+    api::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: cpus * 100_000,
+        cpu_shares: cpus * 1024,
+        memory_limit_in_bytes: memory,
+        ..Default::default()
+    }
+}
+
+/// The memory limit of container `id`'s cgroup in the guest, as it sees it.
+fn guest_memory_limit(c: &CriContainerd, id: &str) -> String {
+    let out = c.exec(
+        id,
+        &[
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes",
+        ],
+    );
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    out.stdout.trim().to_string()
+}
+
 /// The pod's host cgroup in the v1 memory hierarchy.
 fn memory_cgroup(pod: &Pod) -> std::path::PathBuf {
     std::path::Path::new("/sys/fs/cgroup/memory").join(pod.cgroup_parent.trim_start_matches('/'))
@@ -315,5 +340,44 @@ fn pod_cgroup_too_small(c: &CriContainerd) {
         "the shim's log does not say so:\n{}",
         c.log_tail()
     );
+    c.remove_pod_checked(pod);
+}
+
+/// In-place resize (issue 43) within the VM lands in the guest; one that grows the pod past
+/// its VM (no resize ceiling yet) is refused with a message naming the ask and the VM, and
+/// changes nothing. One pod, about 15 s.
+#[test]
+fn a_resize_past_the_vm_is_refused_and_one_within_lands() {
+    let c = cri("resize");
+    let pod = c.run_pod(sized_pod(&c, "resize", 100_000, 256 * MIB));
+    let mut app = c.container_config(&pod, "app", &["sleep", "100000"]);
+    if let Some(linux) = app.linux.as_mut() {
+        linux.resources = Some(container_limits(1, 256 * MIB));
+    }
+    let id = c.start_container(&pod, app);
+    assert_eq!(guest_memory_limit(&c, &id), (256 * MIB).to_string());
+
+    // Within the VM: shrink to 128 MiB.
+    c.cri()
+        .update_container_resources(&id, container_limits(1, 128 * MIB))
+        .unwrap_or_else(|e| panic!("a resize within the VM: {e}\n{}", c.log_tail()));
+    assert_eq!(guest_memory_limit(&c, &id), (128 * MIB).to_string());
+
+    // Past it: 2 CPUs / 512 MiB.
+    let err = c
+        .cri()
+        .update_container_resources(&id, container_limits(2, 512 * MIB))
+        .expect_err("a resize past the VM must be refused")
+        .to_string();
+    eprintln!("refused: {err}");
+    for want in [
+        "asks for 2 CPU / 512 MiB",
+        "booted with 1 vCPUs / 358 MiB and cannot grow past its boot size",
+    ] {
+        assert!(err.contains(want), "{want:?} missing from {err}");
+    }
+    assert_eq!(guest_memory_limit(&c, &id), (128 * MIB).to_string());
+    let (cpus, _) = guest_shape(&c, &id);
+    assert_eq!(cpus, 1);
     c.remove_pod_checked(pod);
 }

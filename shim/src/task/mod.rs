@@ -517,10 +517,15 @@ impl Task for TaskService {
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
         let _timer = self.inner.request("update");
         self.inner.settled(&req.id).await;
-        let agent = {
+        let (agent, containers) = {
             let st = self.inner.lock();
             st.container(&req.id)?;
-            st.agent(&req.id)?
+            let containers: Vec<_> = st
+                .containers
+                .iter()
+                .map(|(id, c)| (id.clone(), c.bundle.clone()))
+                .collect();
+            (st.agent(&req.id)?, containers)
         };
         // containerd sends the OCI LinuxResources as JSON inside the Any.
         let resources = req
@@ -534,11 +539,15 @@ impl Task for TaskService {
                 "update carries no resources",
             ));
         }
+        // A resize past what the VM has is refused, not accepted and not given (issue 43).
+        crate::resize::check(&req.id, &resources, &containers)
+            .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
         info!(self.inner.log, "update"; "container" => &req.id);
         agent
-            .update_container(&req.id, resources)
+            .update_container(&req.id, resources.clone())
             .await
             .map_err(agent_err)?;
+        crate::resize::given(&req.id, &resources);
         Ok(Empty::new())
     }
 

@@ -345,6 +345,25 @@ impl CriClient {
             .unwrap_or(api::ContainerState::ContainerUnknown))
     }
 
+    /// UpdateContainerResources, as kubelet's in-place resize sends it.
+    pub fn update_container_resources(
+        &self,
+        id: &str,
+        linux: api::LinuxContainerResources,
+    ) -> Result<(), CriError> {
+        let req = api::UpdateContainerResourcesRequest {
+            container_id: id.to_string(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call(
+            "UpdateContainerResources",
+            Duration::ZERO,
+            |mut c| async move { c.update_container_resources(req).await },
+        )
+        .map(|_| ())
+    }
+
     /// StopContainer: the stop signal, then SIGKILL after `timeout_secs`.
     pub fn stop_container(&self, id: &str, timeout_secs: i64) -> Result<(), CriError> {
         let req = api::StopContainerRequest {

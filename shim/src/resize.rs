@@ -1,0 +1,447 @@
+//! In-place pod resize (issue 43): the pure part. When kubelet resizes a running pod it
+//! sends each container's new limits (Task.Update with OCI `LinuxResources`); the pod's
+//! total is the sum of its containers' limits, and the VM that runs it needs the size
+//! [`crate::sizing`]'s rule gives that total. It fits when that size is within what the
+//! VM can be: its boot size plus the RuntimeClass's resize ceiling. Past it, the resize is
+//! refused with a message kubelet shows in the pod's resize condition.
+//!
+//! The VM cannot grow past its boot size yet (the ceiling is 0 until the
+//! boot-with-the-ceiling mechanism lands): a resize that needs more than the VM has is
+//! refused instead of being accepted and not given.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+const MIB: u64 = 1 << 20;
+
+/// One container's CPU and memory limits, as its OCI `LinuxResources` give them.
+/// `None`: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU limit in millionths of a CPU (quota / period × 1e6), to sum without rounding.
+    pub cpu_micros: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Limits {
+    /// Reads `cpu.quota`, `cpu.period` and `memory.limit` of an OCI `LinuxResources`
+    /// (JSON, as containerd sends it in Task.Update). A quota or limit of 0 or below, or
+    /// absent, is no limit.
+    pub fn of_resources(res: &Value) -> Self {
+        let quota = res.pointer("/cpu/quota").and_then(Value::as_i64);
+        let period = res.pointer("/cpu/period").and_then(Value::as_u64);
+        let cpu_micros = match (quota, period) {
+            (Some(q), Some(p)) if q > 0 && p > 0 => Some((q as u64 * 1_000_000).div_ceil(p)),
+            _ => None,
+        };
+        let memory_bytes = res
+            .pointer("/memory/limit")
+            .and_then(Value::as_i64)
+            .filter(|&m| m > 0)
+            .map(|m| m as u64);
+        Limits {
+            cpu_micros,
+            memory_bytes,
+        }
+    }
+}
+
+/// A pod's total: the sum of its containers' limits; `None` when a container has none
+/// (the pod then takes what the VM has, and asks for no particular size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodTotal {
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u64>,
+}
+
+/// Sums the containers' limits into the pod's total (whole CPUs, rounded up, and MiB).
+pub fn pod_total<'a>(containers: impl IntoIterator<Item = &'a Limits>) -> PodTotal {
+    let mut cpu = Some(0u64);
+    let mut mem = Some(0u64);
+    let mut any = false;
+    for l in containers {
+        any = true;
+        cpu = cpu.zip(l.cpu_micros).map(|(a, b)| a + b);
+        mem = mem.zip(l.memory_bytes).map(|(a, b)| a + b);
+    }
+    if !any {
+        return PodTotal {
+            cpus: None,
+            memory_mib: None,
+        };
+    }
+    PodTotal {
+        cpus: cpu.map(|c| c.div_ceil(1_000_000) as u32),
+        memory_mib: mem.map(|m| m.div_ceil(MIB)),
+    }
+}
+
+/// What a pod's VM is and may become.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Room {
+    /// The VM's boot size.
+    pub boot_vcpus: u32,
+    pub boot_memory_mib: u32,
+    /// How far it may grow past it (`pod_resize_vcpus` / `pod_resize_memory`).
+    pub resize_vcpus: u32,
+    pub resize_memory_mib: u32,
+    /// The sizing rule's overheads (`pod_vcpus_overhead`, `pod_memory_overhead`).
+    pub vcpus_overhead: u32,
+    pub memory_overhead_mib: u32,
+    /// `hypervisor.qemu` or `hypervisor.builtin`, and the configuration file.
+    pub section: &'static str,
+    pub origin: String,
+}
+
+/// The VM size a pod total needs; a figure without a limit keeps the boot size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needed {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("resize refused: {0}")]
+pub struct Refused(String);
+
+/// The VM size `total` needs under `room`'s rule.
+fn needed(total: PodTotal, room: &Room) -> Needed {
+    Needed {
+        vcpus: total
+            .cpus
+            .map_or(room.boot_vcpus, |c| c + room.vcpus_overhead),
+        // As crate::sizing: the limit plus the guest's own need, plus 1/64 for the guest
+        // kernel's page descriptors.
+        memory_mib: total
+            .memory_mib
+            .map_or(u64::from(room.boot_memory_mib), |m| {
+                ((m + u64::from(room.memory_overhead_mib)) * 64).div_ceil(63)
+            }),
+    }
+}
+
+/// Whether a resize from `before` to `total` may go ahead: a figure that grows must fit in
+/// the boot size plus the ceiling (one that stays or shrinks always may: containers
+/// created with limits past the boot size, in a pod without limits, keep them); else
+/// why not, naming the key to raise.
+pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Refused> {
+    let was = needed(before, room);
+    let Needed { vcpus, memory_mib } = needed(total, room);
+    let most_vcpus = room.boot_vcpus + room.resize_vcpus;
+    let most_memory = u64::from(room.boot_memory_mib) + u64::from(room.resize_memory_mib);
+    let cpu_over = vcpus > most_vcpus && vcpus > was.vcpus;
+    let mem_over = memory_mib > most_memory && memory_mib > was.memory_mib;
+    if !cpu_over && !mem_over {
+        return Ok(Needed { vcpus, memory_mib });
+    }
+    let show = |c: Option<u32>, m: Option<u64>| {
+        format!(
+            "{} CPU / {} MiB",
+            c.map_or("no limit".into(), |c| c.to_string()),
+            m.map_or("no limit".into(), |m| m.to_string())
+        )
+    };
+    let asks = format!(
+        "the pod asks for {}, its VM needs {vcpus} vCPUs / {memory_mib} MiB",
+        show(total.cpus, total.memory_mib)
+    );
+    if room.resize_vcpus == 0 && room.resize_memory_mib == 0 {
+        // No ceiling (the only case until the VM boots with one): no key to raise.
+        return Err(Refused(format!(
+            "{asks} but was booted with {} vCPUs / {} MiB and cannot grow past its boot size; \
+             recreate the pod with the new limits",
+            room.boot_vcpus, room.boot_memory_mib
+        )));
+    }
+    let mut keys = Vec::new();
+    if cpu_over {
+        keys.push(format!("{}.pod_resize_vcpus", room.section));
+    }
+    if mem_over {
+        keys.push(format!("{}.pod_resize_memory", room.section));
+    }
+    Err(Refused(format!(
+        "{asks} and can grow to at most {most_vcpus} vCPUs / {most_memory} MiB (booted with {} vCPUs \
+         / {} MiB + ceiling {} vCPUs / {} MiB); raise {} in {} (the RuntimeClass's configuration) \
+         for new pods, or recreate this pod with the new limits",
+        room.boot_vcpus,
+        room.boot_memory_mib,
+        room.resize_vcpus,
+        room.resize_memory_mib,
+        keys.join(" and "),
+        room.origin
+    )))
+}
+
+/// What this shim's VM is (set when it boots) and the limits Task.Update has given its
+/// containers since they were created.
+static ROOM: Mutex<Option<Room>> = Mutex::new(None);
+static GIVEN: Mutex<Option<HashMap<String, Limits>>> = Mutex::new(None);
+
+impl Room {
+    /// The room of a VM booted with `cfg` (after [`crate::sizing::apply`]); no ceiling yet.
+    pub fn of_config(cfg: &kata_config::Config) -> Self {
+        let (vcpus, memory, sizing, section) =
+            if cfg.runtime.hypervisor_name == kata_config::HypervisorName::Builtin {
+                let b = &cfg.hypervisor.builtin;
+                (
+                    b.default_vcpus,
+                    b.default_memory,
+                    b.sizing,
+                    "hypervisor.builtin",
+                )
+            } else {
+                let q = &cfg.hypervisor.qemu;
+                (
+                    q.default_vcpus,
+                    q.default_memory,
+                    q.sizing,
+                    "hypervisor.qemu",
+                )
+            };
+        Room {
+            boot_vcpus: vcpus,
+            boot_memory_mib: memory,
+            resize_vcpus: 0,
+            resize_memory_mib: 0,
+            vcpus_overhead: sizing.vcpus_overhead,
+            memory_overhead_mib: sizing.memory_overhead,
+            section,
+            origin: cfg.origin.display().to_string(),
+        }
+    }
+}
+
+/// Records the room of this shim's VM, at boot.
+pub fn booted(room: Room) {
+    if let Ok(mut r) = ROOM.lock() {
+        *r = Some(room);
+    }
+}
+
+/// A container's limits as created, from its bundle's `config.json`; `None` for the
+/// sandbox (pause) container, whose limits are the pod's own and not one more share.
+fn created_limits(bundle: &Path) -> Option<Limits> {
+    let text = std::fs::read(bundle.join("config.json")).ok()?;
+    let spec: Value = serde_json::from_slice(&text).ok()?;
+    let kind = spec
+        .pointer("/annotations/io.kubernetes.cri.container-type")
+        .and_then(Value::as_str);
+    if kind == Some("sandbox") {
+        return None;
+    }
+    Some(
+        spec.pointer("/linux/resources")
+            .map(Limits::of_resources)
+            .unwrap_or_default(),
+    )
+}
+
+/// Whether container `id` may take `resources` (OCI LinuxResources JSON): the pod's total
+/// with it, against the pod's total now. `containers`: every container of the sandbox and
+/// its bundle. Without a recorded room (no VM booted by this shim) everything may.
+pub fn check(id: &str, resources: &[u8], containers: &[(String, PathBuf)]) -> Result<(), Refused> {
+    let Some(room) = ROOM.lock().ok().and_then(|r| r.clone()) else {
+        return Ok(());
+    };
+    let new = serde_json::from_slice::<Value>(resources)
+        .map(|v| Limits::of_resources(&v))
+        .unwrap_or_default();
+    let given = GIVEN
+        .lock()
+        .ok()
+        .and_then(|g| g.clone())
+        .unwrap_or_default();
+    let mut before = Vec::new();
+    let mut after = Vec::new();
+    for (cid, bundle) in containers {
+        let Some(created) = created_limits(bundle) else {
+            continue;
+        };
+        let now = given.get(cid).copied().unwrap_or(created);
+        before.push(now);
+        after.push(if cid == id { new } else { now });
+    }
+    fit(pod_total(&before), pod_total(&after), &room).map(|_| ())
+}
+
+/// Records that container `id` now has `resources`.
+pub fn given(id: &str, resources: &[u8]) {
+    let new = serde_json::from_slice::<Value>(resources)
+        .map(|v| Limits::of_resources(&v))
+        .unwrap_or_default();
+    if let Ok(mut g) = GIVEN.lock() {
+        g.get_or_insert_with(HashMap::new)
+            .insert(id.to_string(), new);
+    }
+}
+
+/// Forgets a deleted container's limits.
+pub fn forget(id: &str) {
+    if let Ok(mut g) = GIVEN.lock() {
+        if let Some(g) = g.as_mut() {
+            g.remove(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn room(resize_vcpus: u32, resize_memory_mib: u32) -> Room {
+        Room {
+            boot_vcpus: 1,
+            boot_memory_mib: 358,
+            resize_vcpus,
+            resize_memory_mib,
+            vcpus_overhead: 0,
+            memory_overhead_mib: 96,
+            section: "hypervisor.qemu",
+            origin: "/etc/kata-containers/configuration.toml".into(),
+        }
+    }
+
+    fn limits(cpu: &str, mem: &str) -> Limits {
+        let (q, p) = match cpu {
+            "" => (0, 0),
+            c => (c.parse::<i64>().unwrap_or(0), 100_000),
+        };
+        let m: i64 = mem.parse().unwrap_or(0);
+        Limits::of_resources(&json!({"cpu": {"quota": q, "period": p}, "memory": {"limit": m}}))
+    }
+
+    #[test]
+    fn limits_read_from_oci_resources() {
+        let l = Limits::of_resources(
+            &json!({"cpu": {"quota": 150000, "period": 100000, "shares": 1536},
+                     "memory": {"limit": 268435456}}),
+        );
+        assert_eq!(l.cpu_micros, Some(1_500_000));
+        assert_eq!(l.memory_bytes, Some(256 * MIB));
+        // A quota of -1 (unlimited), or no memory limit, is no limit.
+        let l = Limits::of_resources(&json!({"cpu": {"quota": -1, "period": 100000}}));
+        assert_eq!(l, Limits::default());
+        assert_eq!(Limits::of_resources(&json!({})), Limits::default());
+    }
+
+    #[test]
+    fn the_pod_total_sums_before_rounding() {
+        // 2 × 0.5 CPU is 1 CPU, not 2.
+        let t = pod_total(&[limits("50000", "134217728"), limits("50000", "134217728")]);
+        assert_eq!(
+            t,
+            PodTotal {
+                cpus: Some(1),
+                memory_mib: Some(256)
+            }
+        );
+        // One container without a limit: the pod has none for that figure.
+        let t = pod_total(&[limits("100000", "134217728"), limits("", "134217728")]);
+        assert_eq!(
+            t,
+            PodTotal {
+                cpus: None,
+                memory_mib: Some(256)
+            }
+        );
+        assert_eq!(
+            pod_total(&[]),
+            PodTotal {
+                cpus: None,
+                memory_mib: None
+            }
+        );
+    }
+
+    const BOOT: PodTotal = PodTotal {
+        cpus: Some(1),
+        memory_mib: Some(256),
+    };
+
+    #[test]
+    fn what_does_not_grow_is_never_refused() {
+        // A pod without limits whose container was created with 4 GiB on a smaller VM:
+        // lowering the CPU limit is not refused for the memory it already had.
+        let before = PodTotal {
+            cpus: Some(2),
+            memory_mib: Some(4096),
+        };
+        let after = PodTotal {
+            cpus: Some(1),
+            memory_mib: Some(4096),
+        };
+        assert!(fit(before, after, &room(1, 1000)).is_ok());
+        // Growing it further is refused.
+        let more = PodTotal {
+            cpus: Some(1),
+            memory_mib: Some(5000),
+        };
+        let err = fit(before, more, &room(1, 1000))
+            .expect_err("grows past")
+            .to_string();
+        assert!(err.contains("pod_resize_memory"), "{err}");
+        assert!(!err.contains("pod_resize_vcpus"), "{err}");
+    }
+
+    #[test]
+    fn a_resize_within_the_ceiling_fits() {
+        // Boot: 1 CPU / 256 MiB pod -> 1 vCPU / 358 MiB. Grow to 2 CPU / 512 MiB.
+        let t = PodTotal {
+            cpus: Some(2),
+            memory_mib: Some(512),
+        };
+        assert_eq!(
+            fit(BOOT, t, &room(1, 300)),
+            Ok(Needed {
+                vcpus: 2,
+                memory_mib: 618
+            })
+        );
+        // Shrinking always fits; no limit keeps the boot size.
+        let t = PodTotal {
+            cpus: None,
+            memory_mib: Some(128),
+        };
+        assert_eq!(
+            fit(BOOT, t, &room(0, 0)),
+            Ok(Needed {
+                vcpus: 1,
+                memory_mib: 228
+            })
+        );
+    }
+
+    #[test]
+    fn past_the_ceiling_is_refused_naming_ask_room_and_key() {
+        let t = PodTotal {
+            cpus: Some(4),
+            memory_mib: Some(512),
+        };
+        let err = fit(BOOT, t, &room(1, 300))
+            .expect_err("past the ceiling")
+            .to_string();
+        assert!(err.contains("asks for 4 CPU / 512 MiB"), "{err}");
+        assert!(err.contains("at most 2 vCPUs / 658 MiB"), "{err}");
+        assert!(err.contains("booted with 1 vCPUs / 358 MiB + ceiling 1 vCPUs / 300 MiB"));
+        assert!(
+            err.contains(
+                "raise hypervisor.qemu.pod_resize_vcpus in /etc/kata-containers/configuration.toml"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("pod_resize_memory"), "{err}");
+        // Without a ceiling, any growth past the boot size is refused, with no key to raise.
+        let err = fit(BOOT, t, &room(0, 0))
+            .expect_err("no ceiling")
+            .to_string();
+        assert!(
+            err.contains("asks for 4 CPU / 512 MiB, its VM needs 4 vCPUs / 618 MiB but was booted with 1 vCPUs / 358 MiB and cannot grow"),
+            "{err}"
+        );
+        assert!(!err.contains("pod_resize"), "{err}");
+    }
+}
