@@ -18,7 +18,7 @@ CASES=(
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
     exec attach logs-follow cp port-forward debug-ephemeral debug-target
-    resources-visible cpu-count pod-level-resources resize qos-classes oom-killed vm-oom-reason
+    resources-visible cpu-count pod-level-resources qos-classes oom-killed vm-oom-reason
     summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
