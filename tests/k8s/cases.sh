@@ -787,59 +787,6 @@ EOF
     fi
 }
 
-# In-place resize (kubectl patch --subresource resize, issue 43): a resize within the VM
-# lands in the container's cgroup for both; one past a kata pod's VM is refused and kubelet
-# shows our message in the pod's PodResizeInProgress condition (the limit stays), while
-# runc gives it. The requests stay small, so kubelet finds every resize feasible.
-resize_to() { # CPU MEMORY
-    kn patch pod resize --subresource resize --type merge -p \
-        "{\"spec\":{\"containers\":[{\"name\":\"c\",\"resources\":{\"limits\":{\"cpu\":\"$1\",\"memory\":\"$2\"}}}]}}" >/dev/null
-}
-memory_limit() {
-    x resize -- sh -c 'cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes'
-}
-until_limit() { # BYTES
-    local i
-    for i in $(seq 60); do
-        [ "$(memory_limit)" = "$1" ] && return 0
-        sleep 1
-    done
-    fail "the container's memory limit did not follow the resize to $1: $(memory_limit)"
-}
-case_resize() {
-    { pod resize; cat <<EOF
-  containers:
-  - name: c
-    image: $IMG
-    resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "1", memory: 256Mi}}
-    command: [sleep, "3600"]
-EOF
-    } | apply
-    ready resize
-    eq "$(memory_limit)" 268435456 "the container's memory limit at start"
-    # Within the VM: 192Mi.
-    resize_to 1 192Mi
-    until_limit 201326592
-    # Past a kata pod's VM (1 vCPU, 358 MiB): 2 CPUs and 512Mi.
-    resize_to 2 512Mi
-    if [ "$RC" = kata ]; then
-        local msg="" i
-        for i in $(seq 60); do
-            msg=$(jp pod/resize '{.status.conditions[?(@.type=="PodResizeInProgress")].message}')
-            [[ "$msg" == *"cannot grow past its boot size"* ]] && break
-            sleep 1
-        done
-        echo "PodResizeInProgress: $msg"
-        [[ "$msg" == *"asks for 2 CPU / 512 MiB"*"cannot grow past its boot size"* ]] \
-            || fail "the resize past the VM is not reported with our message: '$msg'"
-        eq "$(memory_limit)" 201326592 "the memory limit after a refused resize"
-        eq "$(x resize -- nproc)" 1 "vCPUs after a refused resize"
-    else
-        until_limit 536870912
-    fi
-    eq "$(jp pod/resize '{.status.containerStatuses[0].restartCount}')" 0 "restarts"
-}
-
 case_qos-classes() {
     { pod guaranteed; cat <<EOF
   containers:
