@@ -149,10 +149,7 @@ impl Sandbox {
         let threads = crate::pooled::renice(&procs, 0);
         let reniced_ms = steps.elapsed().as_secs_f64() * 1e3;
         if let Some(path) = &spec.cgroups_path {
-            let host_cgroup = cgroup::create(path)?;
-            progress.state.cgroups = host_cgroup.created.clone();
-            progress.host_cgroup = host_cgroup;
-            progress.state.save().map_err(SandboxError::Persist)?;
+            progress.enter_host_cgroup(path)?;
         }
         let mut pod_network = None;
         if let Some(pod) = pod {

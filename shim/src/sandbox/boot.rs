@@ -125,10 +125,7 @@ impl Sandbox {
         progress.state.save().map_err(SandboxError::Persist)?;
 
         if let Some(path) = &spec.cgroups_path {
-            let host_cgroup = cgroup::create(path)?;
-            progress.state.cgroups = host_cgroup.created.clone();
-            progress.host_cgroup = host_cgroup;
-            progress.state.save().map_err(SandboxError::Persist)?;
+            progress.enter_host_cgroup(path)?;
         }
         let mut pod_network = None;
         if let Some(netns) = &spec.netns {

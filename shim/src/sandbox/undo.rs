@@ -22,6 +22,15 @@ pub(super) struct Progress {
 }
 
 impl Progress {
+    /// Creates the pod's host cgroup at `path` (containerd's `cgroupsPath`) and records
+    /// it, for the VM to run in and for undoing.
+    pub(super) fn enter_host_cgroup(&mut self, path: &str) -> Result<(), SandboxError> {
+        let host_cgroup = cgroup::create(path)?;
+        self.state.cgroups = host_cgroup.created.clone();
+        self.host_cgroup = host_cgroup;
+        self.state.save().map_err(SandboxError::Persist)
+    }
+
     pub(super) async fn undo(mut self, log: &Logger) {
         if let Some(mut vm) = self.vm.take() {
             stop_vm(vm.as_mut(), &mut self.state, log).await;
