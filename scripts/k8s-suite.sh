@@ -318,6 +318,17 @@ pool_runtime="[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata
   privileged_without_host_devices = true
 [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata-pool.options]
   ConfigPath = \"$POOL_CONFIG\""
+# `kata-resize`: the kata runtime whose VMs may grow past their boot size by one vCPU and
+# 1280 MiB (case resize).
+RESIZE_CONFIG=$WORK/configuration-resize.toml
+kata_test_config "$RESIZE_CONFIG"
+printf 'pod_resize_vcpus = 1\npod_resize_memory = 1280\n' >>"$RESIZE_CONFIG"
+pool_runtime="$pool_runtime
+[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata-resize]
+  runtime_type = \"io.containerd.kata.v2\"
+  privileged_without_host_devices = true
+[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata-resize.options]
+  ConfigPath = \"$RESIZE_CONFIG\""
 extra="[plugins.\"io.containerd.cri.v1.images\".registry]
   config_path = \"$WORK/hosts\""
 capeff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
@@ -567,8 +578,10 @@ metadata: {name: runc}
 handler: runc
 EOF
 k apply -f "$repo/deploy/kubernetes/runtimeclass.yaml" >/dev/null
-sed -e 's/^  name: kata$/  name: kata-pool/' -e 's/^handler: kata$/handler: kata-pool/' \
-    "$repo/deploy/kubernetes/runtimeclass.yaml" | awk '/^---/ { n++ } n == 0' | k apply -f - >/dev/null
+for rc in kata-pool kata-resize; do
+    sed -e "s/^  name: kata\$/  name: $rc/" -e "s/^handler: kata\$/handler: $rc/" \
+        "$repo/deploy/kubernetes/runtimeclass.yaml" | awk '/^---/ { n++ } n == 0' | k apply -f - >/dev/null
+done
 k -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null ||
     { k -n kube-system describe pods >&2; die "CoreDNS did not become ready"; }
 T_NODE=$((SECONDS - t0))

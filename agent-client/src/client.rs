@@ -408,6 +408,18 @@ impl Agent for KataAgent {
             .container_id)
     }
 
+    async fn set_online_cpus(&self, count: u32) -> Result<u32> {
+        let req = OnlineCpusRequest {
+            count,
+            ..Default::default()
+        };
+        let r = self.client.set_online_cpus(ctx(), &req);
+        Ok(self
+            .call("SetOnlineCpus", Deadline::Control, r)
+            .await?
+            .online)
+    }
+
     async fn get_metrics(&self) -> Result<String> {
         let req = GetMetricsRequest::new();
         let r = self.client.get_metrics(ctx(), &req);

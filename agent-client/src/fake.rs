@@ -270,6 +270,10 @@ impl Agent for FakeAgent {
         .await
     }
 
+    async fn set_online_cpus(&self, count: u32) -> Result<u32> {
+        self.serve("SetOnlineCpus", async move { Ok(count) }).await
+    }
+
     async fn update_container(&self, _id: &str, _r: Vec<u8>) -> Result<()> {
         self.serve("UpdateContainer", async { Ok(()) }).await
     }

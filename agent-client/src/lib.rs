@@ -170,4 +170,6 @@ pub trait Agent: Send + Sync {
     async fn destroy_sandbox(&self) -> Result<()>;
     /// The guest's figures as Prometheus text (untrusted: see `crate::metrics`).
     async fn get_metrics(&self) -> Result<String>;
+    /// Makes the guest's CPUs 0 to `count`-1 the online ones; returns how many are.
+    async fn set_online_cpus(&self, count: u32) -> Result<u32>;
 }

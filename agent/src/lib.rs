@@ -10,6 +10,7 @@
 pub mod block;
 pub mod cgroup;
 pub mod container;
+pub mod cpus;
 pub mod debug_console;
 pub mod devpts;
 pub mod entropy;

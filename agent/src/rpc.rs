@@ -169,6 +169,24 @@ impl AgentService for AgentRpc {
         Ok(resp)
     }
 
+    async fn set_online_cpus(
+        &self,
+        _: &TtrpcContext,
+        r: OnlineCpusRequest,
+    ) -> RpcResult<OnlineCpusResponse> {
+        let count = r.count;
+        // Bringing a CPU up or down waits for it (a TCG guest takes a while): off the
+        // runtime's threads.
+        let online = tokio::task::spawn_blocking(move || {
+            crate::cpus::set_online(std::path::Path::new(crate::cpus::CPU_DIR), count)
+        })
+        .await
+        .map_err(|e| AgentError::Internal(format!("set online CPUs: {e}")))??;
+        let mut resp = OnlineCpusResponse::new();
+        resp.online = online;
+        Ok(resp)
+    }
+
     async fn check(&self, _: &TtrpcContext, _: Empty) -> RpcResult<CheckResponse> {
         let mut resp = CheckResponse::new();
         resp.agent_version = env!("CARGO_PKG_VERSION").to_string();

@@ -229,6 +229,11 @@ pub struct PodSizing {
     /// MiB added to a memory-limited pod's limit: the guest's own need
     /// (`pod_memory_overhead`).
     pub memory_overhead: u32,
+    /// How many vCPUs past its boot size a pod's VM may grow to on an in-place resize
+    /// (`pod_resize_vcpus`; QEMU only, 0: none).
+    pub resize_vcpus: u32,
+    /// How much memory past its boot size, MiB (`pod_resize_memory`; QEMU only, 0: none).
+    pub resize_memory: u32,
 }
 
 /// `[agent.*]`.
@@ -379,7 +384,17 @@ impl QemuConfig {
             max_memory: s.default_maxmemory,
             vcpus_overhead: s.pod_vcpus_overhead,
             memory_overhead: s.pod_memory_overhead,
+            resize_vcpus: s.pod_resize_vcpus,
+            resize_memory: s.pod_resize_memory,
         };
+        if s.pod_resize_vcpus > MAX_VCPUS {
+            return Err(invalid(
+                origin,
+                "hypervisor.qemu.pod_resize_vcpus",
+                s.pod_resize_vcpus,
+                &format!("expected a number of vCPUs from 0 (none) to {MAX_VCPUS}"),
+            ));
+        }
         check_vm_shape(
             origin,
             keys,
@@ -460,6 +475,9 @@ impl BuiltinConfig {
             max_memory: s.default_maxmemory,
             vcpus_overhead: s.pod_vcpus_overhead,
             memory_overhead: s.pod_memory_overhead,
+            // kata-vmm has no balloon: its VMs keep their boot size.
+            resize_vcpus: 0,
+            resize_memory: 0,
         };
         check_vm_shape(
             origin,

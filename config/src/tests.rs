@@ -410,6 +410,8 @@ fn pod_sizing_defaults_and_caps() {
         max_memory: 0,
         vcpus_overhead: 0,
         memory_overhead: POD_MEMORY_OVERHEAD_MIB,
+        resize_vcpus: 0,
+        resize_memory: 0,
     };
     assert_eq!(c.hypervisor.qemu.sizing, want);
     assert_eq!(c.hypervisor.builtin.sizing, want);
@@ -422,6 +424,12 @@ fn pod_sizing_defaults_and_caps() {
         (4, 8192)
     );
     assert_eq!(c.hypervisor.qemu.sizing.memory_overhead, 128);
+    // The resize ceiling: QEMU's only (kata-vmm has no balloon), at most MAX_VCPUS more.
+    let c = parse("[hypervisor.qemu]\npod_resize_vcpus = 2\npod_resize_memory = 2048\n").unwrap();
+    let s = &c.hypervisor.qemu.sizing;
+    assert_eq!((s.resize_vcpus, s.resize_memory), (2, 2048));
+    assert!(err("[hypervisor.qemu]\npod_resize_vcpus = 1000\n").contains("pod_resize_vcpus"));
+    assert!(err("[hypervisor.builtin]\npod_resize_vcpus = 1\n").contains("pod_resize_vcpus"));
     // A cap below the default size, or past what the VMM can take, is refused.
     let e = err("[hypervisor.qemu]\ndefault_vcpus = 2\ndefault_maxvcpus = 1\n");
     assert!(e.contains("hypervisor.qemu.default_maxvcpus = 1"), "{e}");

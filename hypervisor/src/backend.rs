@@ -66,6 +66,12 @@ pub trait Backend: Send + Sync {
     async fn remove_block_device(&mut self, _id: &str) -> Result<(), Error> {
         Ok(())
     }
+    /// As [`Hypervisor::resize_memory`].
+    async fn resize_memory(&mut self, _memory_mib: u32) -> Result<(), Error> {
+        Err(Error::Unsupported(
+            "this VMM cannot change a running VM's memory".into(),
+        ))
+    }
 }
 
 /// A sandbox's VM on backend `B`.
@@ -169,5 +175,9 @@ impl<B: Backend> Hypervisor for Vm<B> {
 
     async fn remove_block_device(&mut self, id: &str) -> Result<(), Error> {
         self.backend.remove_block_device(id).await
+    }
+
+    async fn resize_memory(&mut self, memory_mib: u32) -> Result<(), Error> {
+        self.backend.resize_memory(memory_mib).await
     }
 }

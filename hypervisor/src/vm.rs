@@ -108,4 +108,14 @@ pub trait Hypervisor: Send + Sync {
         let _ = id;
         Ok(())
     }
+
+    /// Gives the running VM's pod `memory_mib` of the VM's memory: a VM booted with
+    /// room to grow (`pod_resize_memory`) keeps the rest in its balloon. Growing returns
+    /// once the guest has the memory. Backends without a balloon refuse, saying so.
+    async fn resize_memory(&mut self, memory_mib: u32) -> Result<(), Error> {
+        let _ = memory_mib;
+        Err(Error::Unsupported(
+            "this VMM cannot change a running VM's memory".into(),
+        ))
+    }
 }

@@ -164,6 +164,14 @@ pub fn settings(c: &Config) -> Vec<(&'static str, toml::Value)> {
             "hypervisor.qemu.pod_memory_overhead",
             int(q.sizing.memory_overhead),
         ),
+        (
+            "hypervisor.qemu.pod_resize_vcpus",
+            int(q.sizing.resize_vcpus),
+        ),
+        (
+            "hypervisor.qemu.pod_resize_memory",
+            int(q.sizing.resize_memory),
+        ),
         ("hypervisor.qemu.shared_fs", word(q.shared_fs.as_str())),
         (
             "hypervisor.qemu.virtio_fs_daemon",

@@ -1,13 +1,17 @@
-//! In-place pod resize (issue 43): the pure part. When kubelet resizes a running pod it
-//! sends each container's new limits (Task.Update with OCI `LinuxResources`); the pod's
-//! total is the sum of its containers' limits, and the VM that runs it needs the size
+//! In-place pod resize (issue 43). When kubelet resizes a running pod it sends each
+//! container's new limits (Task.Update with OCI `LinuxResources`); the pod's total is the
+//! sum of its containers' limits, and the VM that runs it needs the size
 //! [`crate::sizing`]'s rule gives that total. It fits when that size is within what the
-//! VM can be: its boot size plus the RuntimeClass's resize ceiling. Past it, the resize is
-//! refused with a message kubelet shows in the pod's resize condition.
+//! VM can be: its boot size plus the RuntimeClass's resize ceiling (`pod_resize_vcpus`,
+//! `pod_resize_memory`). Past it, the resize is refused with a message kubelet shows in
+//! the pod's resize condition.
 //!
-//! The VM cannot grow past its boot size yet (the ceiling is 0 until the
-//! boot-with-the-ceiling mechanism lands): a resize that needs more than the VM has is
-//! refused instead of being accepted and not given.
+//! A VM booted with a ceiling has the ceiling's vCPUs and memory from the start, kept
+//! from its pod: the vCPUs offline (the agent brings them up), the memory in the balloon
+//! (the hypervisor lets it out). A resize moves the VM to the size the new total needs,
+//! both ways ([`Plan`]): what grows before the container's limits are raised, what
+//! shrinks after they are lowered. Without a ceiling the VM keeps its boot size, and a
+//! resize within it only changes the guest's cgroups.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -148,7 +152,7 @@ pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Ref
         show(total.cpus, total.memory_mib)
     );
     if room.resize_vcpus == 0 && room.resize_memory_mib == 0 {
-        // No ceiling (the only case until the VM boots with one): no key to raise.
+        // No ceiling: no key to raise for this pod (a RuntimeClass with one is another VM).
         return Err(Refused(format!(
             "{asks} but was booted with {} vCPUs / {} MiB and cannot grow past its boot size; \
              recreate the pod with the new limits",
@@ -175,13 +179,76 @@ pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Ref
     )))
 }
 
-/// What this shim's VM is (set when it boots) and the limits Task.Update has given its
-/// containers since they were created.
-static ROOM: Mutex<Option<Room>> = Mutex::new(None);
+/// What a resize does to the VM: its size now and after. A figure changes only where the
+/// VM has a ceiling for it; it may then go below the boot size, never past the ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub from: Needed,
+    pub to: Needed,
+}
+
+/// A VM size change: the vCPUs to have online, the memory (MiB) to give the pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Change {
+    pub vcpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+}
+
+impl Change {
+    pub fn is_empty(&self) -> bool {
+        self.vcpus.is_none() && self.memory_mib.is_none()
+    }
+}
+
+impl Plan {
+    /// The VM's move for a pod that now needs `fits`, from `now`.
+    pub fn new(now: Needed, fits: Needed, room: &Room) -> Self {
+        let vcpus = if room.resize_vcpus > 0 {
+            fits.vcpus.clamp(1, room.boot_vcpus + room.resize_vcpus)
+        } else {
+            now.vcpus
+        };
+        let memory_mib = if room.resize_memory_mib > 0 {
+            fits.memory_mib.clamp(
+                1,
+                u64::from(room.boot_memory_mib) + u64::from(room.resize_memory_mib),
+            )
+        } else {
+            now.memory_mib
+        };
+        Plan {
+            from: now,
+            to: Needed { vcpus, memory_mib },
+        }
+    }
+
+    /// What grows: done before the container's limits are raised.
+    pub fn grow(&self) -> Change {
+        Change {
+            vcpus: (self.to.vcpus > self.from.vcpus).then_some(self.to.vcpus),
+            memory_mib: (self.to.memory_mib > self.from.memory_mib)
+                .then_some(self.to.memory_mib as u32),
+        }
+    }
+
+    /// What shrinks: done after the container's limits are lowered.
+    pub fn shrink(&self) -> Change {
+        Change {
+            vcpus: (self.to.vcpus < self.from.vcpus).then_some(self.to.vcpus),
+            memory_mib: (self.to.memory_mib < self.from.memory_mib)
+                .then_some(self.to.memory_mib as u32),
+        }
+    }
+}
+
+/// What this shim's VM is (set when it boots) and its size now, and the limits Task.Update
+/// has given its containers since they were created.
+static ROOM: Mutex<Option<(Room, Needed)>> = Mutex::new(None);
 static GIVEN: Mutex<Option<HashMap<String, Limits>>> = Mutex::new(None);
 
 impl Room {
-    /// The room of a VM booted with `cfg` (after [`crate::sizing::apply`]); no ceiling yet.
+    /// The room of a VM booted with `cfg` (after [`crate::sizing::apply`], which also
+    /// bounds the ceiling by the caps).
     pub fn of_config(cfg: &kata_config::Config) -> Self {
         let (vcpus, memory, sizing, section) =
             if cfg.runtime.hypervisor_name == kata_config::HypervisorName::Builtin {
@@ -204,8 +271,8 @@ impl Room {
         Room {
             boot_vcpus: vcpus,
             boot_memory_mib: memory,
-            resize_vcpus: 0,
-            resize_memory_mib: 0,
+            resize_vcpus: sizing.resize_vcpus,
+            resize_memory_mib: sizing.resize_memory,
             vcpus_overhead: sizing.vcpus_overhead,
             memory_overhead_mib: sizing.memory_overhead,
             section,
@@ -216,8 +283,12 @@ impl Room {
 
 /// Records the room of this shim's VM, at boot.
 pub fn booted(room: Room) {
+    let now = Needed {
+        vcpus: room.boot_vcpus,
+        memory_mib: u64::from(room.boot_memory_mib),
+    };
     if let Ok(mut r) = ROOM.lock() {
-        *r = Some(room);
+        *r = Some((room, now));
     }
 }
 
@@ -240,11 +311,16 @@ fn created_limits(bundle: &Path) -> Option<Limits> {
 }
 
 /// Whether container `id` may take `resources` (OCI LinuxResources JSON): the pod's total
-/// with it, against the pod's total now. `containers`: every container of the sandbox and
-/// its bundle. Without a recorded room (no VM booted by this shim) everything may.
-pub fn check(id: &str, resources: &[u8], containers: &[(String, PathBuf)]) -> Result<(), Refused> {
-    let Some(room) = ROOM.lock().ok().and_then(|r| r.clone()) else {
-        return Ok(());
+/// with it, against the pod's total now, and what the VM then does. `containers`: every
+/// container of the sandbox and its bundle. Without a recorded room (no VM booted by this
+/// shim) everything may, and the VM stays as it is.
+pub fn check(
+    id: &str,
+    resources: &[u8],
+    containers: &[(String, PathBuf)],
+) -> Result<Option<Plan>, Refused> {
+    let Some((room, now)) = ROOM.lock().ok().and_then(|r| r.clone()) else {
+        return Ok(None);
     };
     let new = serde_json::from_slice::<Value>(resources)
         .map(|v| Limits::of_resources(&v))
@@ -264,11 +340,18 @@ pub fn check(id: &str, resources: &[u8], containers: &[(String, PathBuf)]) -> Re
         before.push(now);
         after.push(if cid == id { new } else { now });
     }
-    fit(pod_total(&before), pod_total(&after), &room).map(|_| ())
+    let fits = fit(pod_total(&before), pod_total(&after), &room)?;
+    Ok(Some(Plan::new(now, fits, &room)))
 }
 
-/// Records that container `id` now has `resources`.
-pub fn given(id: &str, resources: &[u8]) {
+/// Records that container `id` now has `resources`, and the VM the size `plan` moved it
+/// to.
+pub fn given(id: &str, resources: &[u8], plan: Option<Plan>) {
+    if let (Some(plan), Ok(mut r)) = (plan, ROOM.lock()) {
+        if let Some((_, now)) = r.as_mut() {
+            *now = plan.to;
+        }
+    }
     let new = serde_json::from_slice::<Value>(resources)
         .map(|v| Limits::of_resources(&v))
         .unwrap_or_default();
@@ -413,6 +496,48 @@ mod tests {
                 memory_mib: 228
             })
         );
+    }
+
+    #[test]
+    fn the_vm_moves_only_where_it_has_a_ceiling_growing_first_shrinking_last() {
+        let boot = Needed {
+            vcpus: 1,
+            memory_mib: 358,
+        };
+        let big = Needed {
+            vcpus: 2,
+            memory_mib: 1659,
+        };
+        // 1 CPU / 256 MiB to 2 CPU / 1536 MiB with room for both: both grow, first.
+        let p = Plan::new(boot, big, &room(1, 1400));
+        assert_eq!(p.to, big);
+        assert_eq!(
+            p.grow(),
+            Change {
+                vcpus: Some(2),
+                memory_mib: Some(1659)
+            }
+        );
+        assert!(p.shrink().is_empty());
+        // And back: both shrink, last.
+        let back = Plan::new(big, boot, &room(1, 1400));
+        assert!(back.grow().is_empty());
+        assert_eq!(
+            back.shrink(),
+            Change {
+                vcpus: Some(1),
+                memory_mib: Some(358)
+            }
+        );
+        // A ceiling for memory only: the vCPUs stay as they are.
+        let p = Plan::new(boot, big, &room(0, 1400));
+        assert_eq!(p.to.vcpus, 1);
+        assert_eq!(p.grow().vcpus, None);
+        // No ceiling: the VM never moves (the resize lands in the guest's cgroups only).
+        assert!(Plan::new(boot, big, &room(0, 0)).grow().is_empty());
+        // Never past the ceiling, even for a pod created past it.
+        let p = Plan::new(boot, big, &room(1, 100));
+        assert_eq!(p.to.memory_mib, 458);
     }
 
     #[test]

@@ -262,6 +262,22 @@ pub fn apply(
     let got = size(res, &shape)?;
     *vcpus = got.vcpus;
     *memory = got.memory_mib;
+    if !builtin {
+        // The resize ceiling stops at the caps: the VM boots with what it may grow to.
+        let s = &mut cfg.hypervisor.qemu.sizing;
+        let vcpu_cap = match s.max_vcpus {
+            0 => host_cpus.min(most),
+            n => n,
+        };
+        let memory_cap = match s.max_memory {
+            0 => u32::try_from(host_memory).unwrap_or(u32::MAX),
+            n => n,
+        };
+        s.resize_vcpus = s.resize_vcpus.min(vcpu_cap.saturating_sub(got.vcpus));
+        s.resize_memory = s
+            .resize_memory
+            .min(memory_cap.saturating_sub(got.memory_mib));
+    }
     Ok((cfg, got))
 }
 
@@ -278,6 +294,8 @@ mod tests {
                 max_memory: 0,
                 vcpus_overhead: 0,
                 memory_overhead: 96,
+                resize_vcpus: 0,
+                resize_memory: 0,
             },
             section: "hypervisor.qemu",
             origin: "/etc/kata-containers/configuration.toml".into(),

@@ -18,7 +18,7 @@ CASES=(
     emptydir-shared emptydir-memory hostpath persistent-volume block-volume image-volume
     probes liveness-restart hooks crash-restart init-sidecar graceful-termination job
     exec attach logs-follow cp port-forward debug-ephemeral debug-target
-    resources-visible cpu-count pod-level-resources qos-classes oom-killed vm-oom-reason
+    resources-visible cpu-count resize pod-level-resources qos-classes oom-killed vm-oom-reason
     summary-api
     pod-to-pod service-dns node-port
     run-as-ids readonly-rootfs capabilities seccomp sysctls share-process-namespace
@@ -762,6 +762,93 @@ EOF
     else
         eq "$(x cpus -- nproc)" "$(nproc)" "CPUs a runc container sees"
     fi
+}
+
+# In-place resize (kubectl patch --subresource resize, issue 43). RuntimeClass kata-resize
+# boots each VM with room for one more vCPU and 1280 MiB (pod_resize_vcpus and
+# pod_resize_memory): a pod of 1 CPU / 512Mi grows to 2 CPU / 1536Mi without a restart (the
+# guest brings a vCPU online, the balloon lets the memory out), shrinks back (the vCPU
+# offline, the memory back to the host) and a resize past the ceiling is refused with our
+# reason in the pod's PodResizeInProgress condition. runc side by side: the limits follow
+# (its CPUs are the node's). The requests stay small, so kubelet finds every resize feasible.
+resize_to() { # CPU MEMORY
+    # A strategic merge patch (kubectl's default): a JSON merge patch would replace the
+    # container list, dropping the requests, and kubelet refuses a change of QoS class.
+    kn patch pod resize --subresource resize -p \
+        "{\"spec\":{\"containers\":[{\"name\":\"c\",\"resources\":{\"limits\":{\"cpu\":\"$1\",\"memory\":\"$2\"}}}]}}" >/dev/null
+}
+memory_limit() {
+    x resize -- sh -c 'cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes'
+}
+limit_is() { [ "$(memory_limit)" = "$1" ]; }
+nproc_is() { [ "$(x resize -- nproc)" = "$1" ]; }
+guest_memtotal_mib() { x resize -- awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo; }
+# The pod's QEMU's resident memory on the host, MiB.
+vmm_rss_mib() {
+    local persist pid
+    persist=$(persisted_of resize)
+    pid=$(grep -o '"vmm_pid": *[0-9]*' "$persist" | grep -o '[0-9]*$')
+    awk '/^VmRSS:/ { print int($2 / 1024) }' "/proc/$pid/status"
+}
+memtotal_below() { [ "$(guest_memtotal_mib)" -lt "$1" ]; }
+rss_at_least() { [ "$(vmm_rss_mib)" -ge "$1" ]; }
+rss_fell_by() { [ $(($1 - $(vmm_rss_mib))) -ge "$2" ]; }
+case_resize() {
+    local rc=$RC high msg
+    [ "$RC" = kata ] && rc=kata-resize
+    { pod resize; cat <<EOF
+  containers:
+  - name: c
+    image: $IMG
+    resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "1", memory: 512Mi}}
+    command: [sleep, "3600"]
+EOF
+    } | sed "s/runtimeClassName: .*/runtimeClassName: $rc/" | apply
+    ready resize
+    eq "$(memory_limit)" 536870912 "the container's memory limit at start"
+    [ "$RC" = kata ] && eq "$(x resize -- nproc)" 1 "vCPUs at start"
+    # Past the boot size (1 vCPU, 618 MiB), within the ceiling.
+    resize_to 2 1536Mi
+    until_ok 60 "the container's memory limit did not follow the resize to 1536Mi" limit_is 1610612736
+    if [ "$RC" = kata ]; then
+        until_ok 60 "the guest did not bring a second vCPU online" nproc_is 2
+        msg=$(guest_memtotal_mib)
+        [ "$msg" -gt 1500 ] || fail "the guest has $msg MiB after the resize to 1536Mi"
+    fi
+    x resize -- dd if=/dev/zero of=/dev/null bs=1200M count=1 2>&1 ||
+        fail "a process could not touch 1200 MiB after the resize"
+    eq "$(jp pod/resize '{.status.containerStatuses[0].resources.limits.cpu}')" 2 "the CPU limit kubelet reports"
+    eq "$(jp pod/resize '{.status.containerStatuses[0].resources.limits.memory}')" 1536Mi "the memory limit kubelet reports"
+    eq "$(jp pod/resize '{.status.containerStatuses[0].restartCount}')" 0 "restarts after growing"
+    if [ "$RC" = kata ]; then
+        # 1200 MiB held, then let go; back at 1 CPU / 512Mi the host has the memory back.
+        x resize -- sh -c '(dd if=/dev/zero bs=1200M count=1 2>/dev/null | sleep 3600) >/dev/null 2>&1 &'
+        until_ok 60 "the VMM never held the 1200 MiB" rss_at_least 1200
+        high=$(vmm_rss_mib)
+        x resize -- sh -c 'kill $(pidof dd)'
+    fi
+    resize_to 1 512Mi
+    until_ok 60 "the container's memory limit did not follow the resize back to 512Mi" limit_is 536870912
+    if [ "$RC" = kata ]; then
+        until_ok 60 "the guest did not take its second vCPU offline" nproc_is 1
+        # The guest fills the balloon as it frees memory: a few seconds under TCG.
+        until_ok 60 "the guest still has $(guest_memtotal_mib) MiB after the resize back to 512Mi" \
+            memtotal_below 700
+        until_ok 60 "the VMM's memory did not fall by 500 MiB from $high MiB" rss_fell_by "$high" 500
+        echo "VMM RSS: $high MiB holding 1200 MiB at 2 CPU / 1536Mi, $(vmm_rss_mib) MiB back at 1 CPU / 512Mi"
+        # Past the ceiling (2 vCPUs): 3 CPUs.
+        resize_to 3 512Mi
+        for _ in $(seq 60); do
+            msg=$(jp pod/resize '{.status.conditions[?(@.type=="PodResizeInProgress")].message}')
+            [[ "$msg" == *"pod_resize_vcpus"* ]] && break
+            sleep 1
+        done
+        echo "PodResizeInProgress: $msg"
+        [[ "$msg" == *"asks for 3 CPU / 512 MiB"*"can grow to at most 2 vCPUs"*"pod_resize_vcpus"* ]] ||
+            fail "the resize past the ceiling is not reported with our reason: '$msg'"
+        eq "$(x resize -- nproc)" 1 "vCPUs after a refused resize"
+    fi
+    eq "$(jp pod/resize '{.status.containerStatuses[0].restartCount}')" 0 "restarts"
 }
 
 # Pod-level resources (KEP-2837, beta and on by default since 1.34): limits on the pod

@@ -19,6 +19,8 @@ fn config(dir: &Path) -> BuiltinConfig {
             max_memory: 0,
             vcpus_overhead: 0,
             memory_overhead: kata_config::POD_MEMORY_OVERHEAD_MIB,
+            resize_vcpus: 0,
+            resize_memory: 0,
         },
         virtio_fs_daemon: std::env::var_os("KATA_VIRTIOFSD")
             .map(PathBuf::from)

@@ -48,9 +48,10 @@ pub const TCG_TB_SIZE_MIB: u32 = 64;
 /// from 0.31 to 0.03 s, and the same through a pipe from 1.8 to 0.64 s. Under KVM the
 /// guest gets the host's CPU, hints and all.
 pub const TCG_CPU: &str = "max,erms=off,fsrm=off,fzrm=off,fsrs=off,fsrc=off";
-/// The memory balloon, only for free page reporting: the guest hands back the pages it
+/// The memory balloon: free page reporting, where the guest hands back the pages it
 /// frees (in blocks of 128 KiB and up, a few seconds later), so a sandbox's host memory
-/// follows what its guest uses now, not the most it ever used.
+/// follows what its guest uses now, not the most it ever used; and, in a VM booted with
+/// room to grow, the memory its pod is not given (`super::balloon`).
 const BALLOON: &str = "virtio-balloon-device,free-page-reporting=on";
 
 /// Everything the QEMU command line depends on.
@@ -102,8 +103,12 @@ pub fn kernel_cmdline(
 ) -> String {
     let tcg = accel == Accel::Tcg;
     let mut line = KernelCmdline::new(BASE_KERNEL_PARAMS, debug);
+    // A VM with room to grow has every vCPU it may be given; the kernel brings up the
+    // boot size, the agent the rest when the pod is resized (`cpuN/online`).
+    let maxcpus = format!("maxcpus={}", config.default_vcpus);
     line.push_if(tcg, TCG_KERNEL_PARAMS)
         .push_if(tcg, tcg_clock.unwrap_or_default())
+        .push_if(config.sizing.resize_vcpus > 0, &maxcpus)
         .push_if(config.rootfs_share().is_some(), ROOTFS_SHARE_PARAM)
         .push_if(config.block_device_hotplug, SCSI_SCAN_PARAM);
     line.finish(&config.kernel_params)
@@ -111,7 +116,13 @@ pub fn kernel_cmdline(
 
 /// QEMU's arguments (without the program).
 pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
-    let mem = format!("{}M", l.config.default_memory);
+    // With a resize ceiling the VM has the boot size plus the ceiling, and the balloon
+    // (`super::balloon`) keeps the guest to what its pod is given.
+    let mem = format!(
+        "{}M",
+        u64::from(l.config.default_memory) + u64::from(l.config.sizing.resize_memory)
+    );
+    let vcpus = l.config.default_vcpus + l.config.sizing.resize_vcpus;
     let (cpu, accel) = match l.accel {
         Accel::Kvm => ("host", "kvm".to_string()),
         Accel::Tcg => (TCG_CPU, format!("tcg,tb-size={TCG_TB_SIZE_MIB}")),
@@ -132,7 +143,7 @@ pub fn qemu_args(l: &QemuLaunch<'_>) -> Vec<String> {
         "-m".into(),
         mem.clone(),
         "-smp".into(),
-        l.config.default_vcpus.to_string(),
+        vcpus.to_string(),
         // vhost-user backends map guest memory, so it must be shareable.
         "-object".into(),
         format!("memory-backend-memfd,id=mem,size={mem},share=on"),
@@ -339,6 +350,23 @@ virtio_fs_cache = "never"
         assert!(has_controller(&config));
         config.block_device_hotplug = false;
         assert!(!has_controller(&config));
+    }
+
+    /// A resize ceiling: the VM has the boot size plus the ceiling, and the kernel brings
+    /// up only the boot size's vCPUs; without one, neither.
+    #[test]
+    fn a_resize_ceiling_adds_vcpus_and_memory_the_kernel_keeps_offline() {
+        let mut config = config();
+        let layout = RunDirLayout::new(Path::new("/r"));
+        let plain = joined(&qemu_args(&launch(&config, &layout)));
+        assert!(plain.contains("-m 256M -smp 2 "), "{plain}");
+        assert!(!plain.contains("maxcpus"), "{plain}");
+        config.sizing.resize_vcpus = 3;
+        config.sizing.resize_memory = 1024;
+        let s = joined(&qemu_args(&launch(&config, &layout)));
+        assert!(s.contains("-m 1280M -smp 5 "), "{s}");
+        assert!(s.contains("size=1280M,share=on"), "{s}");
+        assert!(s.contains(" maxcpus=2 "), "{s}");
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! agent connection would then need AF_VSOCK on the host instead of the hybrid socket;
 //! until the shim speaks both, every host uses the vhost-user backend (TODO).
 
+pub mod balloon;
 pub mod cmdline;
 pub mod hotplug;
 pub mod layout;
@@ -50,6 +51,9 @@ pub struct Qemu {
     logger: Logger,
     /// Disks attached to the running VM (with `block_device_hotplug`).
     disks: Option<ScsiDisks>,
+    /// The running VM's QMP socket and the memory its pod is given now (MiB), when it
+    /// was booted with room to grow (`pod_resize_memory`).
+    balloon: Option<(PathBuf, u32)>,
 }
 
 impl Qemu {
@@ -58,6 +62,7 @@ impl Qemu {
             config,
             logger: logger.new(o!("hypervisor" => "qemu")),
             disks: None,
+            balloon: None,
         }
     }
 
@@ -154,6 +159,12 @@ impl Qemu {
         started.push(pid);
         drop(files);
         wait_for_qmp(&qemu, pid, &layout.qmp_socket).await?;
+        let ceiling = self.config.sizing.resize_memory;
+        if ceiling > 0 {
+            // Before the guest's balloon driver starts: it takes the ceiling at once.
+            let bytes = balloon::guest_bytes(self.config.default_memory, ceiling);
+            balloon::set(layout.qmp_socket.clone(), bytes, false).await?;
+        }
         Ok(pid)
     }
 
@@ -318,6 +329,8 @@ impl Backend for Qemu {
     }
 
     fn running(&mut self, layout: &RunDirLayout) {
+        self.balloon = (self.config.sizing.resize_memory > 0)
+            .then(|| (layout.qmp_socket.clone(), self.config.default_memory));
         self.disks = self
             .config
             .block_device_hotplug
@@ -327,6 +340,37 @@ impl Backend for Qemu {
     fn stopping(&mut self) {
         // The VM's end detaches its disks, and QEMU's closes their descriptors.
         self.disks = None;
+        self.balloon = None;
+    }
+
+    async fn resize_memory(&mut self, memory_mib: u32) -> Result<(), Error> {
+        let ceiling = self.config.sizing.resize_memory;
+        let most = self.config.default_memory + ceiling;
+        let Some((socket, now)) = &mut self.balloon else {
+            return Err(Error::Unsupported(
+                "this VM cannot change its memory: it was booted without room to grow \
+                 ([hypervisor.qemu] pod_resize_memory = 0)"
+                    .into(),
+            ));
+        };
+        if memory_mib > most {
+            return Err(Error::Unsupported(format!(
+                "the VM can give its pod at most {most} MiB (boot size {} + pod_resize_memory \
+                 {ceiling}), not {memory_mib}",
+                self.config.default_memory
+            )));
+        }
+        // Growing waits for the memory to be there; shrinking lets the guest give it back
+        // as it frees it.
+        let grows = memory_mib > *now;
+        balloon::set(
+            socket.clone(),
+            balloon::guest_bytes(memory_mib, ceiling),
+            grows,
+        )
+        .await?;
+        *now = memory_mib;
+        Ok(())
     }
 
     async fn add_block_device(

@@ -529,6 +529,34 @@ impl Sandbox {
     }
 
     /// Undoes the host side of a container (its mounts on the share).
+    /// Moves the VM to `change` (an in-place resize, [`crate::resize`]): the agent brings
+    /// vCPUs online or offline, the hypervisor gives the pod memory or takes it back.
+    pub async fn resize_vm(&self, change: crate::resize::Change) -> Result<(), String> {
+        if let Some(n) = change.vcpus {
+            let online = self
+                .agent
+                .set_online_cpus(n)
+                .await
+                .map_err(|e| format!("bringing the VM to {n} vCPUs: {e}"))?;
+            if online != n {
+                return Err(format!(
+                    "bringing the VM to {n} vCPUs: the guest has {online} online"
+                ));
+            }
+        }
+        if let Some(mib) = change.memory_mib {
+            let mut vm = self.vm.lock().await;
+            let Some(vm) = vm.as_mut() else {
+                return Err("the VM is not running".into());
+            };
+            vm.resize_memory(mib)
+                .await
+                .map_err(|e| format!("giving the pod {mib} MiB of the VM: {e}"))?;
+        }
+        info!(self.log, "VM resized"; "vcpus" => change.vcpus, "memory_mib" => change.memory_mib);
+        Ok(())
+    }
+
     pub fn remove_container_host(&self, mounts: &[PathBuf], share_dir: &Path) {
         self.host_mounts.teardown(mounts, share_dir);
         self.remove_mounts(mounts);

@@ -517,7 +517,7 @@ impl Task for TaskService {
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
         let _timer = self.inner.request("update");
         self.inner.settled(&req.id).await;
-        let (agent, containers) = {
+        let (agent, containers, sandbox) = {
             let st = self.inner.lock();
             st.container(&req.id)?;
             let containers: Vec<_> = st
@@ -525,7 +525,7 @@ impl Task for TaskService {
                 .iter()
                 .map(|(id, c)| (id.clone(), c.bundle.clone()))
                 .collect();
-            (st.agent(&req.id)?, containers)
+            (st.agent(&req.id)?, containers, st.sandbox.clone())
         };
         // containerd sends the OCI LinuxResources as JSON inside the Any.
         let resources = req
@@ -539,15 +539,38 @@ impl Task for TaskService {
                 "update carries no resources",
             ));
         }
-        // A resize past what the VM has is refused, not accepted and not given (issue 43).
-        crate::resize::check(&req.id, &resources, &containers)
+        // A resize past what the VM can be is refused, not accepted and not given; within
+        // it, the VM grows before the container's limits do and shrinks after (issue 43).
+        let plan = crate::resize::check(&req.id, &resources, &containers)
             .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
         info!(self.inner.log, "update"; "container" => &req.id);
+        let resize_vm = |change: crate::resize::Change| {
+            let sandbox = sandbox.clone();
+            async move {
+                match sandbox {
+                    Some(sb) if !change.is_empty() => sb.resize_vm(change).await,
+                    _ => Ok(()),
+                }
+            }
+        };
+        if let Some(plan) = &plan {
+            resize_vm(plan.grow())
+                .await
+                .map_err(|e| status(Code::FAILED_PRECONDITION, e))?;
+        }
         agent
             .update_container(&req.id, resources.clone())
             .await
             .map_err(agent_err)?;
-        crate::resize::given(&req.id, &resources);
+        if let Some(plan) = &plan {
+            resize_vm(plan.shrink())
+                .await
+                .map_err(|e| status(Code::INTERNAL, e))?;
+        }
+        crate::resize::given(&req.id, &resources, plan);
+        if let Some(to) = plan.map(|p| p.to).filter(|_| sandbox.is_some()) {
+            crate::metrics::METRICS.set_vm_size(to.vcpus, to.memory_mib as u32);
+        }
         Ok(Empty::new())
     }
 
