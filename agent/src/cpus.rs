@@ -49,7 +49,7 @@ pub fn changes(present: &[u32], online: &[u32], count: u32) -> Vec<(u32, bool)> 
         .filter(|&&c| c != 0 && c >= count)
         .map(|&c| (c, false))
         .collect();
-    off.sort_by(|a, b| b.0.cmp(&a.0));
+    off.sort_by_key(|c| std::cmp::Reverse(c.0));
     let mut on: Vec<_> = present
         .iter()
         .filter(|&&c| c < count && !online.contains(&c))

@@ -49,6 +49,8 @@ class Harness:
         # alike (virtio_fs_rootfs_cache = virtio_fs_cache = "auto": one virtiofsd, no
         # rootfs cache), for the exec row that shows what the rootfs share saves.
         self.conf_one_share = os.path.join(self.work, "configuration-one-share.toml")
+        # The same configuration with a resize ceiling (written by `resize`).
+        self.conf_resize = os.path.join(self.work, "configuration-resize.toml")
         self.floor_initrd = os.path.join(self.work, "floor.img")
         # The sandboxes' memory size (the bench runs the default configuration), which the
         # floor's bare VM gets too.

@@ -13,6 +13,7 @@ from .hold import bench_hold
 from .idle import bench_idle
 from .instrumented import bench_instrumented
 from .pool import bench_pool
+from .resize import bench_resize
 from .procs import Interrupted, on_alarm, on_signal
 from .report import print_table
 from .settings import (DEADLINE, DENSITY, DENSITY_RUNS, IMAGE, OUT_DIR, RUNS, SKIP,
@@ -31,6 +32,7 @@ MEASUREMENTS = [
     # Its own factory and pool; cold rows of its own in the same run.
     ("pool", bench_pool),
     ("hold", bench_hold),
+    ("resize", bench_resize),
 ]
 
 

@@ -36,11 +36,11 @@ PHASE_ROWS = [
 ]
 
 
-def timed_echo(h, side):
+def timed_echo(h, side, config=None):
     cid = h.new_id(side[0] + "s")
     t0 = time.time_ns()
     m0 = time.monotonic()
-    rc, out, err = run(h.run_args(side, cid, ["echo", "hi"]), env=h.env)
+    rc, out, err = run(h.run_args(side, cid, ["echo", "hi"], config=config), env=h.env)
     ms = (time.monotonic() - m0) * 1000
     t1 = time.time_ns()
     if rc != 0 or out.strip() != "hi":

@@ -62,7 +62,15 @@ impl Launcher for VmLauncher {
         slog::info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
             "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);
         crate::metrics::METRICS.set_vm_size(size.vcpus, size.memory_mib);
-        crate::resize::booted(crate::resize::Room::of_config(&cfg));
-        Ok(Sandbox::create(id, &cfg, spec, log).await?)
+        let sandbox = Sandbox::create(id, &cfg, spec, log).await?;
+        let mut room = crate::resize::Room::of_config(&cfg);
+        if sandbox.pooled() {
+            // A pooled VM is the pool's size (this pod's, or it would not have been
+            // claimed) and keeps it: the hand-over gives the shim no balloon to work.
+            room.resize_vcpus = 0;
+            room.resize_memory_mib = 0;
+        }
+        crate::resize::booted(room);
+        Ok(sandbox)
     }
 }

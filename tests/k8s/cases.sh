@@ -792,6 +792,14 @@ vmm_rss_mib() {
 }
 memtotal_below() { [ "$(guest_memtotal_mib)" -lt "$1" ]; }
 rss_at_least() { [ "$(vmm_rss_mib)" -ge "$1" ]; }
+# A figure of the pod's shim's /metrics (what kata-monitor serves Prometheus).
+shim_metric() { # NAME
+    local persist
+    persist=$(persisted_of resize)
+    curl -s --max-time 20 --unix-socket "$(dirname "$persist")/shim-monitor.sock" http://shim/metrics |
+        awk -v n="$1" '$1 == n || index($1, n "{") == 1 { print $NF }'
+}
+vm_size_is() { [ "$(shim_metric kata_hypervisor_vm_vcpus) $(shim_metric kata_hypervisor_vm_memory_bytes)" = "$1 $2" ]; }
 rss_fell_by() { [ $(($1 - $(vmm_rss_mib))) -ge "$2" ]; }
 case_resize() {
     local rc=$RC high msg
@@ -814,6 +822,10 @@ EOF
         until_ok 60 "the guest did not bring a second vCPU online" nproc_is 2
         msg=$(guest_memtotal_mib)
         [ "$msg" -gt 1500 ] || fail "the guest has $msg MiB after the resize to 1536Mi"
+        echo "grown to 2 CPU / 1536Mi: nproc 2, MemTotal $msg MiB"
+        # The VM's size as metrics report it: 2 vCPUs, (1536 + 96) × 64/63 MiB.
+        vm_size_is 2 $((1658 << 20)) ||
+            fail "the shim's metrics say $(shim_metric kata_hypervisor_vm_vcpus) vCPUs, $(shim_metric kata_hypervisor_vm_memory_bytes) bytes after growing"
     fi
     x resize -- dd if=/dev/zero of=/dev/null bs=1200M count=1 2>&1 ||
         fail "a process could not touch 1200 MiB after the resize"
@@ -831,10 +843,13 @@ EOF
     until_ok 60 "the container's memory limit did not follow the resize back to 512Mi" limit_is 536870912
     if [ "$RC" = kata ]; then
         until_ok 60 "the guest did not take its second vCPU offline" nproc_is 1
+        vm_size_is 1 $((618 << 20)) ||
+            fail "the shim's metrics say $(shim_metric kata_hypervisor_vm_vcpus) vCPUs, $(shim_metric kata_hypervisor_vm_memory_bytes) bytes after shrinking"
         # The guest fills the balloon as it frees memory: a few seconds under TCG.
         until_ok 60 "the guest still has $(guest_memtotal_mib) MiB after the resize back to 512Mi" \
             memtotal_below 700
         until_ok 60 "the VMM's memory did not fall by 500 MiB from $high MiB" rss_fell_by "$high" 500
+        echo "back at 1 CPU / 512Mi: nproc 1, MemTotal $(guest_memtotal_mib) MiB"
         echo "VMM RSS: $high MiB holding 1200 MiB at 2 CPU / 1536Mi, $(vmm_rss_mib) MiB back at 1 CPU / 512Mi"
         # Past the ceiling (2 vCPUs): 3 CPUs.
         resize_to 3 512Mi

@@ -353,6 +353,11 @@ impl Sandbox {
         }
     }
 
+    /// Whether the sandbox runs on a VM claimed from the factory's pool.
+    pub fn pooled(&self) -> bool {
+        self.lock_state().pooled.is_some()
+    }
+
     fn lock_state(&self) -> std::sync::MutexGuard<'_, SandboxState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
