@@ -175,6 +175,7 @@ k8s: setup build guest image containerd-versions
 # (each runs even when an earlier one failed; the target fails if any did).
 test: setup build guest image containerd-versions
 	status=0; \
+	python3 scripts/import-cycles.py || status=$$?; \
 	$(CARGO) test --workspace --lib --bins --no-fail-fast || status=$$?; \
 	$(CARGO) test -p kata-agent --bins --features bench-sink --no-fail-fast || status=$$?; \
 	rm -rf $(E2E_FIGURES); \
@@ -228,6 +229,7 @@ fuzz: setup
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 scripts/import-cycles.py
 
 # Benchmarks (bench/bench.py): start-up, phase breakdown, stdout and vsock throughput, exec
 # latency, memory and density of our runtime next to runc, through a private containerd.
