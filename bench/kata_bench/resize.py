@@ -1,8 +1,10 @@
 """12: what a resize ceiling costs (issue 43). The same `echo hi` and idle `sleep 600` as rows 1
 and 5, on a kata configuration with pod_resize_vcpus = 1 and pod_resize_memory = 1280 beside
 the default one, interleaved: the VM boots with one more vCPU (offline) and 1280 MiB more
-memory, which the balloon takes at boot."""
+memory, which the balloon takes at boot (BENCH_RESIZE_CEILING changes the ceiling)."""
 
+import os
+import sys
 import time
 
 from . import memory
@@ -10,8 +12,19 @@ from .procs import run
 from .settings import RUNS, log
 from .startup import timed_echo
 
-SECTION = "12. a resize ceiling (pod_resize_vcpus = 1, pod_resize_memory = 1280)"
-CEILING = "pod_resize_vcpus = 1\npod_resize_memory = 1280\n"
+def ceiling():
+    """BENCH_RESIZE_CEILING: "VCPUS,MIB" (1,1280)."""
+    v = os.environ.get("BENCH_RESIZE_CEILING", "1,1280")
+    try:
+        vcpus, mib = (int(x) for x in v.split(","))
+    except ValueError:
+        sys.exit("bench: BENCH_RESIZE_CEILING=%r is not VCPUS,MIB" % v)
+    return vcpus, mib
+
+
+VCPUS, MIB = ceiling()
+SECTION = "12. a resize ceiling (pod_resize_vcpus = %d, pod_resize_memory = %d)" % (VCPUS, MIB)
+CEILING = "pod_resize_vcpus = %d\npod_resize_memory = %d\n" % (VCPUS, MIB)
 # Seconds an idle VM with a ceiling settles before its samples: the balloon takes the
 # ceiling's memory while the guest boots, then QEMU has discarded it.
 SETTLE_S = 5
