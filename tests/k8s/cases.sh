@@ -371,7 +371,8 @@ persisted_of() { # NAME
 
 # RuntimeClass kata-pool: a VM factory (started and ended here by pid) keeps one VM ready.
 # A pod of the pool's size (no limits: the default size) with an image volume starts on a
-# pooled VM; one whose pod-level limits ask for another size boots cold, with its size.
+# pooled VM, and so does one whose pod-level limits make the pool's size; one whose
+# pod-level limits ask for another size boots cold, with its size.
 case_vm-pool() {
     local log=$LOG_DIR/cases/vm-pool.factory.log persist
     "$KATA_SHIM_DIR/containerd-shim-kata-v2" factory init --config "$POOL_CONFIG" >"$log" 2>&1 &
@@ -397,6 +398,23 @@ EOF
     grep -q '"vm_id"' "$persist" || fail "the pod did not start on a pooled VM: $(head -c 400 "$persist")"
     x pooled -- test -f /img/test-image-1 || fail "the image volume is not at /img on the pooled VM"
     if x pooled -- touch /img/new 2>/dev/null; then fail "the image volume is writable"; fi
+    # Pod-level limits whose size is the pool's (1 CPU; (408 + 96) × 64/63 = 512 MiB) take
+    # a pooled VM too, once the factory has made the next one.
+    until_ok 120 "the factory did not make the next VM ready (log: $log)" sh -c \
+        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
+    { pod levelled; cat <<EOF
+  resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "1", memory: 408Mi}}
+  containers:
+  - name: c
+    image: $IMG
+    command: [sleep, "3600"]
+EOF
+    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
+    ready levelled
+    persist=$(persisted_of levelled)
+    [ -n "$persist" ] || fail "no persist.json names the pod-level-limited pod's cgroup"
+    grep -q '"vm_id"' "$persist" || fail "a pod with pod-level limits of the pool's size did not start on a pooled VM"
+    eq "$(x levelled -- nproc)" 1 "vCPUs of the pooled pod limited to 1 CPU at the pod level"
     { pod sized; cat <<EOF
   resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "2", memory: 512Mi}}
   containers:
@@ -410,7 +428,7 @@ EOF
     [ -n "$persist" ] || fail "no persist.json names the sized pod's cgroup"
     if grep -q '"vm_id"' "$persist"; then fail "a pod of another size took a pooled VM"; fi
     eq "$(x sized -- nproc)" 2 "vCPUs of the cold-booted pod limited to 2 CPUs"
-    kn delete pod pooled sized --wait=true --timeout=120s >/dev/null
+    kn delete pod pooled levelled sized --wait=true --timeout=120s >/dev/null
 }
 
 # ---- lifecycle ----
