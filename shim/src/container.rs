@@ -142,6 +142,9 @@ pub struct Container {
     /// The host pid it reports, for a pod's other containers than the sandbox container
     /// (see [`crate::pid_anchor`]); None: it reports the VMM's.
     pub anchor: Option<crate::pid_anchor::PidAnchor>,
+    /// The limits Task.Update has given it since it was created (an in-place resize);
+    /// None: its bundle's.
+    pub given: Option<crate::resize::Limits>,
 }
 
 /// Why a container takes no exec now.
@@ -396,6 +399,7 @@ mod process_tests {
             init: process(),
             execs: Default::default(),
             anchor: None,
+            given: None,
         };
         let add = |c: &mut Container, id: &str| c.add_exec(id, StdioPaths::default(), Vec::new());
         assert!(matches!(add(&mut c, "e1"), Err(ExecRefused::NotRunning)));

@@ -70,7 +70,7 @@ impl Launcher for VmLauncher {
             room.resize_vcpus = 0;
             room.resize_memory_mib = 0;
         }
-        crate::resize::booted(room);
+        sandbox.set_room(room);
         Ok(sandbox)
     }
 }

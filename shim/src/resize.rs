@@ -14,9 +14,7 @@
 //! resize within it only changes the guest's cgroups.
 
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 
 const MIB: u64 = 1 << 20;
 
@@ -241,11 +239,6 @@ impl Plan {
     }
 }
 
-/// What this shim's VM is (set when it boots) and its size now, and the limits Task.Update
-/// has given its containers since they were created.
-static ROOM: Mutex<Option<(Room, Needed)>> = Mutex::new(None);
-static GIVEN: Mutex<Option<HashMap<String, Limits>>> = Mutex::new(None);
-
 impl Room {
     /// The room of a VM booted with `cfg` (after [`crate::sizing::apply`], which also
     /// bounds the ceiling by the caps).
@@ -281,14 +274,13 @@ impl Room {
     }
 }
 
-/// Records the room of this shim's VM, at boot.
-pub fn booted(room: Room) {
-    let now = Needed {
-        vcpus: room.boot_vcpus,
-        memory_mib: u64::from(room.boot_memory_mib),
-    };
-    if let Ok(mut r) = ROOM.lock() {
-        *r = Some((room, now));
+impl Room {
+    /// The VM's size at boot.
+    pub fn boot_size(&self) -> Needed {
+        Needed {
+            vcpus: self.boot_vcpus,
+            memory_mib: u64::from(self.boot_memory_mib),
+        }
     }
 }
 
@@ -310,64 +302,45 @@ fn created_limits(bundle: &Path) -> Option<Limits> {
     )
 }
 
-/// Whether container `id` may take `resources` (OCI LinuxResources JSON): the pod's total
-/// with it, against the pod's total now, and what the VM then does. `containers`: every
-/// container of the sandbox and its bundle. Without a recorded room (no VM booted by this
-/// shim) everything may, and the VM stays as it is.
+/// One container of the pod as a resize sees it: its id, its bundle (whose `config.json`
+/// has the limits it was created with) and the limits Task.Update has given it since.
+pub struct Member<'a> {
+    pub id: &'a str,
+    pub bundle: &'a Path,
+    pub given: Option<Limits>,
+}
+
+/// The limits an OCI LinuxResources JSON object (Task.Update's) gives.
+pub fn limits_of(resources: &[u8]) -> Limits {
+    serde_json::from_slice::<Value>(resources)
+        .map(|v| Limits::of_resources(&v))
+        .unwrap_or_default()
+}
+
+/// Whether container `id` may take `new`: the pod's total with it, against the pod's
+/// total now, and what the VM then does. `room`: what the VM may become and its size now;
+/// without one (a VM the shim did not size) everything may, and the VM stays as it is.
 pub fn check(
     id: &str,
-    resources: &[u8],
-    containers: &[(String, PathBuf)],
+    new: Limits,
+    members: &[Member<'_>],
+    room: Option<(Room, Needed)>,
 ) -> Result<Option<Plan>, Refused> {
-    let Some((room, now)) = ROOM.lock().ok().and_then(|r| r.clone()) else {
+    let Some((room, now)) = room else {
         return Ok(None);
     };
-    let new = serde_json::from_slice::<Value>(resources)
-        .map(|v| Limits::of_resources(&v))
-        .unwrap_or_default();
-    let given = GIVEN
-        .lock()
-        .ok()
-        .and_then(|g| g.clone())
-        .unwrap_or_default();
     let mut before = Vec::new();
     let mut after = Vec::new();
-    for (cid, bundle) in containers {
-        let Some(created) = created_limits(bundle) else {
+    for m in members {
+        let Some(created) = created_limits(m.bundle) else {
             continue;
         };
-        let now = given.get(cid).copied().unwrap_or(created);
-        before.push(now);
-        after.push(if cid == id { new } else { now });
+        let limits = m.given.unwrap_or(created);
+        before.push(limits);
+        after.push(if m.id == id { new } else { limits });
     }
     let fits = fit(pod_total(&before), pod_total(&after), &room)?;
     Ok(Some(Plan::new(now, fits, &room)))
-}
-
-/// Records that container `id` now has `resources`, and the VM the size `plan` moved it
-/// to.
-pub fn given(id: &str, resources: &[u8], plan: Option<Plan>) {
-    if let (Some(plan), Ok(mut r)) = (plan, ROOM.lock()) {
-        if let Some((_, now)) = r.as_mut() {
-            *now = plan.to;
-        }
-    }
-    let new = serde_json::from_slice::<Value>(resources)
-        .map(|v| Limits::of_resources(&v))
-        .unwrap_or_default();
-    if let Ok(mut g) = GIVEN.lock() {
-        g.get_or_insert_with(HashMap::new)
-            .insert(id.to_string(), new);
-    }
-}
-
-/// Forgets a deleted container's limits.
-pub fn forget(id: &str) {
-    if let Ok(mut g) = GIVEN.lock() {
-        if let Some(g) = g.as_mut() {
-            g.remove(id);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -538,6 +511,75 @@ mod tests {
         // Never past the ceiling, even for a pod created past it.
         let p = Plan::new(boot, big, &room(1, 100));
         assert_eq!(p.to.memory_mib, 458);
+    }
+
+    /// The pod's total is its containers' (created limits from the bundle, or what an
+    /// update gave since), the pause container's left out.
+    #[test]
+    fn a_check_sums_the_pods_containers_as_given_and_plans_the_vm() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = |name: &str, spec: serde_json::Value| {
+            let b = dir.path().join(name);
+            std::fs::create_dir(&b).unwrap();
+            std::fs::write(b.join("config.json"), spec.to_string()).unwrap();
+            b
+        };
+        let res = |q: i64, mib: i64| {
+            json!({"linux": {"resources": {"cpu": {"quota": q, "period": 100000},
+                                           "memory": {"limit": mib << 20}}}})
+        };
+        let pause = bundle(
+            "pause",
+            json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+                   "linux": {"resources": {"cpu": {"quota": 900000, "period": 100000}}}}),
+        );
+        let a = bundle("a", res(50000, 128));
+        let b = bundle("b", res(50000, 128));
+        let members = [
+            Member {
+                id: "pause",
+                bundle: &pause,
+                given: None,
+            },
+            Member {
+                id: "a",
+                bundle: &a,
+                given: None,
+            },
+            // b was resized to 1 CPU / 256 MiB before.
+            Member {
+                id: "b",
+                bundle: &b,
+                given: Some(limits("100000", "268435456")),
+            },
+        ];
+        let boot = room(1, 1000);
+        let now = boot.boot_size();
+        // a to 1 CPU / 512 MiB: the pod is 2 CPU / 768 MiB, the VM 2 vCPUs / 878 MiB.
+        let plan = check(
+            "a",
+            limits("100000", "536870912"),
+            &members,
+            Some((boot.clone(), now)),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            plan.to,
+            Needed {
+                vcpus: 2,
+                memory_mib: 878
+            }
+        );
+        assert_eq!(
+            plan.grow(),
+            Change {
+                vcpus: Some(2),
+                memory_mib: Some(878)
+            }
+        );
+        // No room (a VM this shim did not size): anything goes, the VM stays.
+        assert_eq!(check("a", limits("", ""), &members, None), Ok(None));
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct Sandbox {
     pod_memory: oom_kill::PodMemory,
     /// Why the VM ended when the host's OOM killer killed the VMM in the pod's cgroup.
     oom_reason: std::sync::OnceLock<String>,
+    /// What the VM may become on an in-place resize, and its size now (none until the
+    /// launcher sets it, and in tests).
+    room: Mutex<Option<(crate::resize::Room, crate::resize::Needed)>>,
     /// Where containers' rootfs and binds are mounted on the share (the host's mount
     /// table; nothing in the task service's unit tests).
     host_mounts: Box<dyn HostMounts>,
@@ -184,6 +187,7 @@ impl Sandbox {
             oom_watch,
             pod_memory,
             oom_reason: std::sync::OnceLock::new(),
+            room: Mutex::new(None),
             host_mounts: Box::new(RealHostMounts),
             log: log.clone(),
             debug: cfg.runtime.enable_debug,
@@ -234,6 +238,7 @@ impl Sandbox {
                 limits_bytes: 256 << 20,
             },
             oom_reason: std::sync::OnceLock::new(),
+            room: Mutex::new(None),
             host_mounts: Box::new(crate::container::DirsOnly),
             log: hypervisor::discard_logger(),
             debug: false,
@@ -350,6 +355,24 @@ impl Sandbox {
             state.vmm_pid = copy.vmm_pid;
             state.helper_pids = copy.helper_pids;
             self.save_locked(&state);
+        }
+    }
+
+    /// Records what the VM may become on a resize; it is its boot size now.
+    pub fn set_room(&self, room: crate::resize::Room) {
+        let now = room.boot_size();
+        *self.room.lock().unwrap_or_else(|e| e.into_inner()) = Some((room, now));
+    }
+
+    /// What the VM may become, and its size now.
+    pub fn room(&self) -> Option<(crate::resize::Room, crate::resize::Needed)> {
+        self.room.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the VM's size after a resize.
+    pub fn resized(&self, to: crate::resize::Needed) {
+        if let Some((_, now)) = self.room.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            *now = to;
         }
     }
 

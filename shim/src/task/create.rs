@@ -294,6 +294,7 @@ impl Inner {
                 init,
                 execs: HashMap::new(),
                 anchor,
+                given: None,
             },
         );
         Ok(pid)

@@ -101,7 +101,6 @@ impl Inner {
                 .containers
                 .remove(cid)
                 .ok_or_else(|| not_found(cid, ""))?;
-            crate::resize::forget(cid);
             (c, st.sandbox.clone())
         };
         let exit = c.init.exit();

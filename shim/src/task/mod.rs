@@ -517,15 +517,15 @@ impl Task for TaskService {
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
         let _timer = self.inner.request("update");
         self.inner.settled(&req.id).await;
-        let (agent, containers, sandbox) = {
+        let (agent, members, sandbox) = {
             let st = self.inner.lock();
             st.container(&req.id)?;
-            let containers: Vec<_> = st
+            let members: Vec<_> = st
                 .containers
                 .iter()
-                .map(|(id, c)| (id.clone(), c.bundle.clone()))
+                .map(|(id, c)| (id.clone(), c.bundle.clone(), c.given))
                 .collect();
-            (st.agent(&req.id)?, containers, st.sandbox.clone())
+            (st.agent(&req.id)?, members, st.sandbox.clone())
         };
         // containerd sends the OCI LinuxResources as JSON inside the Any.
         let resources = req
@@ -541,7 +541,17 @@ impl Task for TaskService {
         }
         // A resize past what the VM can be is refused, not accepted and not given; within
         // it, the VM grows before the container's limits do and shrinks after (issue 43).
-        let plan = crate::resize::check(&req.id, &resources, &containers)
+        let limits = crate::resize::limits_of(&resources);
+        let members: Vec<_> = members
+            .iter()
+            .map(|(id, bundle, given)| crate::resize::Member {
+                id,
+                bundle,
+                given: *given,
+            })
+            .collect();
+        let room = sandbox.as_ref().and_then(|sb| sb.room());
+        let plan = crate::resize::check(&req.id, limits, &members, room)
             .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
         info!(self.inner.log, "update"; "container" => &req.id);
         let resize_vm = |change: crate::resize::Change| {
@@ -567,9 +577,12 @@ impl Task for TaskService {
                 .await
                 .map_err(|e| status(Code::INTERNAL, e))?;
         }
-        crate::resize::given(&req.id, &resources, plan);
-        if let Some(to) = plan.map(|p| p.to).filter(|_| sandbox.is_some()) {
-            crate::metrics::METRICS.set_vm_size(to.vcpus, to.memory_mib as u32);
+        if let Some(c) = self.inner.lock().containers.get_mut(&req.id) {
+            c.given = Some(limits);
+        }
+        if let (Some(plan), Some(sb)) = (plan, &sandbox) {
+            sb.resized(plan.to);
+            crate::metrics::METRICS.set_vm_size(plan.to.vcpus, plan.to.memory_mib as u32);
         }
         Ok(Empty::new())
     }
