@@ -183,6 +183,8 @@ pub fn fit(before: PodTotal, total: PodTotal, room: &Room) -> Result<Needed, Ref
 pub struct Plan {
     pub from: Needed,
     pub to: Needed,
+    /// The pod's total after the resize.
+    pub pod: PodTotal,
 }
 
 /// A VM size change: the vCPUs to have online, the memory (MiB) to give the pod.
@@ -200,7 +202,7 @@ impl Change {
 
 impl Plan {
     /// The VM's move for a pod that now needs `fits`, from `now`.
-    pub fn new(now: Needed, fits: Needed, room: &Room) -> Self {
+    pub fn new(now: Needed, fits: Needed, pod: PodTotal, room: &Room) -> Self {
         let vcpus = if room.resize_vcpus > 0 {
             fits.vcpus.clamp(1, room.boot_vcpus + room.resize_vcpus)
         } else {
@@ -217,6 +219,7 @@ impl Plan {
         Plan {
             from: now,
             to: Needed { vcpus, memory_mib },
+            pod,
         }
     }
 
@@ -339,8 +342,9 @@ pub fn check(
         before.push(limits);
         after.push(if m.id == id { new } else { limits });
     }
-    let fits = fit(pod_total(&before), pod_total(&after), &room)?;
-    Ok(Some(Plan::new(now, fits, &room)))
+    let total = pod_total(&after);
+    let fits = fit(pod_total(&before), total, &room)?;
+    Ok(Some(Plan::new(now, fits, total, &room)))
 }
 
 #[cfg(test)]
@@ -471,6 +475,11 @@ mod tests {
         );
     }
 
+    const POD: PodTotal = PodTotal {
+        cpus: None,
+        memory_mib: None,
+    };
+
     #[test]
     fn the_vm_moves_only_where_it_has_a_ceiling_growing_first_shrinking_last() {
         let boot = Needed {
@@ -482,7 +491,7 @@ mod tests {
             memory_mib: 1659,
         };
         // 1 CPU / 256 MiB to 2 CPU / 1536 MiB with room for both: both grow, first.
-        let p = Plan::new(boot, big, &room(1, 1400));
+        let p = Plan::new(boot, big, POD, &room(1, 1400));
         assert_eq!(p.to, big);
         assert_eq!(
             p.grow(),
@@ -493,7 +502,7 @@ mod tests {
         );
         assert!(p.shrink().is_empty());
         // And back: both shrink, last.
-        let back = Plan::new(big, boot, &room(1, 1400));
+        let back = Plan::new(big, boot, POD, &room(1, 1400));
         assert!(back.grow().is_empty());
         assert_eq!(
             back.shrink(),
@@ -503,13 +512,13 @@ mod tests {
             }
         );
         // A ceiling for memory only: the vCPUs stay as they are.
-        let p = Plan::new(boot, big, &room(0, 1400));
+        let p = Plan::new(boot, big, POD, &room(0, 1400));
         assert_eq!(p.to.vcpus, 1);
         assert_eq!(p.grow().vcpus, None);
         // No ceiling: the VM never moves (the resize lands in the guest's cgroups only).
-        assert!(Plan::new(boot, big, &room(0, 0)).grow().is_empty());
+        assert!(Plan::new(boot, big, POD, &room(0, 0)).grow().is_empty());
         // Never past the ceiling, even for a pod created past it.
-        let p = Plan::new(boot, big, &room(1, 100));
+        let p = Plan::new(boot, big, POD, &room(1, 100));
         assert_eq!(p.to.memory_mib, 458);
     }
 

@@ -94,7 +94,7 @@ pub struct Sandbox {
     /// Its memory cgroup and the OOM kills counted there before the VM ran.
     oom_watch: Option<(oom_kill::MemoryCgroup, u64)>,
     /// What the VM needs, for the reason an OOM kill of the VMM is given.
-    pod_memory: oom_kill::PodMemory,
+    pod_memory: Mutex<oom_kill::PodMemory>,
     /// Why the VM ended when the host's OOM killer killed the VMM in the pod's cgroup.
     oom_reason: std::sync::OnceLock<String>,
     /// What the VM may become on an in-place resize, and its size now (none until the
@@ -185,7 +185,7 @@ impl Sandbox {
             port_forward: Mutex::new(None),
             host_cgroup: up.progress.host_cgroup,
             oom_watch,
-            pod_memory,
+            pod_memory: Mutex::new(pod_memory),
             oom_reason: std::sync::OnceLock::new(),
             room: Mutex::new(None),
             host_mounts: Box::new(RealHostMounts),
@@ -233,10 +233,10 @@ impl Sandbox {
             port_forward: Mutex::new(None),
             host_cgroup: cgroup::HostCgroup::default(),
             oom_watch,
-            pod_memory: oom_kill::PodMemory {
+            pod_memory: Mutex::new(oom_kill::PodMemory {
                 vm_mib: 358,
                 limits_bytes: 256 << 20,
-            },
+            }),
             oom_reason: std::sync::OnceLock::new(),
             room: Mutex::new(None),
             host_mounts: Box::new(crate::container::DirsOnly),
@@ -337,7 +337,7 @@ impl Sandbox {
         Some(oom_kill::reason(
             &kill,
             &oom_kill::victim(cause),
-            &self.pod_memory,
+            &self.pod_memory.lock().unwrap_or_else(|e| e.into_inner()),
         ))
     }
 
@@ -370,10 +370,14 @@ impl Sandbox {
     }
 
     /// Records the VM's size after a resize.
-    pub fn resized(&self, to: crate::resize::Needed) {
+    pub fn resized(&self, plan: &crate::resize::Plan) {
         if let Some((_, now)) = self.room.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            *now = to;
+            *now = plan.to;
         }
+        // What an OOM kill of the VMM is measured against from now on.
+        let mut pod = self.pod_memory.lock().unwrap_or_else(|e| e.into_inner());
+        pod.vm_mib = plan.to.memory_mib;
+        pod.limits_bytes = plan.pod.memory_mib.map_or(0, |m| m << 20);
     }
 
     /// Whether the sandbox runs on a VM claimed from the factory's pool.

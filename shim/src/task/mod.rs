@@ -581,7 +581,7 @@ impl Task for TaskService {
             c.given = Some(limits);
         }
         if let (Some(plan), Some(sb)) = (plan, &sandbox) {
-            sb.resized(plan.to);
+            sb.resized(&plan);
             crate::metrics::METRICS.set_vm_size(plan.to.vcpus, plan.to.memory_mib as u32);
         }
         Ok(Empty::new())
