@@ -373,15 +373,29 @@ persisted_of() { # NAME
 # A pod of the pool's size (no limits: the default size) with an image volume starts on a
 # pooled VM, and so does one whose pod-level limits make the pool's size; one whose
 # pod-level limits ask for another size boots cold, with its size.
+pool_ready() { # WHAT
+    until_ok 120 "the factory did not make $1 VM ready (log: $LOG_DIR/cases/vm-pool.factory.log)" sh -c \
+        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
+}
+# Starts pod NAME of RuntimeClass kata-pool from the spec on stdin (after its head); says
+# whether it runs on a pooled VM (persist.json has the pooled VM's id).
+pool_pod() { # NAME
+    local persist
+    { pod "$1"; cat; } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply ||
+        fail "pod $1 was not created"
+    ready "$1" || fail "pod $1 did not become ready"
+    persist=$(persisted_of "$1")
+    [ -n "$persist" ] || fail "no persist.json names pod $1's cgroup"
+    grep -q '"vm_id"' "$persist"
+}
 case_vm-pool() {
-    local log=$LOG_DIR/cases/vm-pool.factory.log persist
+    local log=$LOG_DIR/cases/vm-pool.factory.log
     "$KATA_SHIM_DIR/containerd-shim-kata-v2" factory init --config "$POOL_CONFIG" >"$log" 2>&1 &
     # Not local: the trap runs when the case's subshell exits, after this function.
     VM_POOL_FACTORY=$!
     trap 'kill -TERM "$VM_POOL_FACTORY" 2>/dev/null; wait "$VM_POOL_FACTORY" 2>/dev/null' EXIT
-    until_ok 120 "the factory did not make a VM ready (log: $log)" sh -c \
-        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
-    { pod pooled; cat <<EOF
+    pool_ready a
+    pool_pod pooled <<EOF || fail "the pod did not start on a pooled VM"
   containers:
   - name: c
     image: $IMG
@@ -391,42 +405,26 @@ case_vm-pool() {
   - name: i
     image: {reference: registry.k8s.io/k8s-staging-cri-tools/test-image-1:latest, pullPolicy: IfNotPresent}
 EOF
-    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
-    ready pooled
-    persist=$(persisted_of pooled)
-    [ -n "$persist" ] || fail "no persist.json names the pod's cgroup"
-    grep -q '"vm_id"' "$persist" || fail "the pod did not start on a pooled VM: $(head -c 400 "$persist")"
     x pooled -- test -f /img/test-image-1 || fail "the image volume is not at /img on the pooled VM"
     if x pooled -- touch /img/new 2>/dev/null; then fail "the image volume is writable"; fi
     # Pod-level limits whose size is the pool's (1 CPU; (408 + 96) × 64/63 = 512 MiB) take
     # a pooled VM too, once the factory has made the next one.
-    until_ok 120 "the factory did not make the next VM ready (log: $log)" sh -c \
-        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
-    { pod levelled; cat <<EOF
+    pool_ready "the next"
+    pool_pod levelled <<EOF || fail "a pod with pod-level limits of the pool's size did not start on a pooled VM"
   resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "1", memory: 408Mi}}
   containers:
   - name: c
     image: $IMG
     command: [sleep, "3600"]
 EOF
-    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
-    ready levelled
-    persist=$(persisted_of levelled)
-    [ -n "$persist" ] || fail "no persist.json names the pod-level-limited pod's cgroup"
-    grep -q '"vm_id"' "$persist" || fail "a pod with pod-level limits of the pool's size did not start on a pooled VM"
     eq "$(x levelled -- nproc)" 1 "vCPUs of the pooled pod limited to 1 CPU at the pod level"
-    { pod sized; cat <<EOF
+    if pool_pod sized <<EOF; then fail "a pod of another size took a pooled VM"; fi
   resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {cpu: "2", memory: 512Mi}}
   containers:
   - name: c
     image: $IMG
     command: [sleep, "3600"]
 EOF
-    } | sed 's/runtimeClassName: .*/runtimeClassName: kata-pool/' | apply
-    ready sized
-    persist=$(persisted_of sized)
-    [ -n "$persist" ] || fail "no persist.json names the sized pod's cgroup"
-    if grep -q '"vm_id"' "$persist"; then fail "a pod of another size took a pooled VM"; fi
     eq "$(x sized -- nproc)" 2 "vCPUs of the cold-booted pod limited to 2 CPUs"
     kn delete pod pooled levelled sized --wait=true --timeout=120s >/dev/null
 }
