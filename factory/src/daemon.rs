@@ -55,14 +55,16 @@ pub(super) fn pid_file_pid(dir: &Path) -> Option<i32> {
         .ok()
 }
 
-/// Whether `pid` runs a factory (`containerd-shim-kata-v2 factory init`).
+/// Whether `pid` runs a factory (`kata-vm-factory init`).
 pub(super) fn is_factory(pid: i32) -> bool {
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
+    // `kata-vm-factory init`, or a factory an older shim started as `... factory init`.
+    let named = args.first().is_some_and(|a| a.ends_with(b"kata-vm-factory"));
     procinfo::pid::is_running(pid)
-        && args.iter().any(|a| *a == b"factory")
+        && (named || args.iter().any(|a| *a == b"factory"))
         && args.iter().any(|a| *a == b"init")
 }
 

@@ -12,7 +12,7 @@ use super::boot::connect_guest;
 use super::undo::Progress;
 use super::{Sandbox, SandboxError, Up};
 use crate::cgroup;
-use crate::factory::pool;
+use kata_sandbox::pool;
 use crate::network::{PodNetwork, PodScan};
 use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
