@@ -62,7 +62,9 @@ pub(super) fn is_factory(pid: i32) -> bool {
     };
     let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
     // `kata-vm-factory init`, or a factory an older shim started as `... factory init`.
-    let named = args.first().is_some_and(|a| a.ends_with(b"kata-vm-factory"));
+    let named = args
+        .first()
+        .is_some_and(|a| a.ends_with(b"kata-vm-factory"));
     procinfo::pid::is_running(pid)
         && (named || args.iter().any(|a| *a == b"factory"))
         && args.iter().any(|a| *a == b"init")

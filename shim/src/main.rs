@@ -19,8 +19,8 @@ mod start;
 mod task;
 
 use kata_sandbox::{
-    block, cgroup, full_disk, kubelet_volume, log, mount, network, oom_kill, persist,
-    pid_anchor, pooled, sizing, stats, watchdog,
+    block, cgroup, full_disk, kubelet_volume, log, mount, network, oom_kill, persist, pid_anchor,
+    pooled, sizing, stats, watchdog,
 };
 
 use std::io::Write;

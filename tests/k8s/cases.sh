@@ -374,12 +374,12 @@ persisted_of() { # NAME
 # pooled VM; one whose pod-level limits ask for another size boots cold, with its size.
 case_vm-pool() {
     local log=$LOG_DIR/cases/vm-pool.factory.log persist
-    "$KATA_SHIM_DIR/containerd-shim-kata-v2" factory init --config "$POOL_CONFIG" >"$log" 2>&1 &
+    "$KATA_SHIM_DIR/kata-vm-factory" init --config "$POOL_CONFIG" >"$log" 2>&1 &
     # Not local: the trap runs when the case's subshell exits, after this function.
     VM_POOL_FACTORY=$!
     trap 'kill -TERM "$VM_POOL_FACTORY" 2>/dev/null; wait "$VM_POOL_FACTORY" 2>/dev/null' EXIT
     until_ok 120 "the factory did not make a VM ready (log: $log)" sh -c \
-        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
+        "'$KATA_SHIM_DIR/kata-vm-factory' status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
     { pod pooled; cat <<EOF
   containers:
   - name: c
