@@ -2,7 +2,9 @@
 //!
 //! containerd runs it with `start` (spawn or find the sandbox's daemon), `delete` (clean
 //! up after a dead daemon), or as the daemon that serves the Task API over ttrpc. `start`
-//! and `delete` are ours; the daemon runs on containerd's shim crate.
+//! and `delete` are ours; the daemon runs on containerd's shim crate. The host side of a
+//! sandbox (cgroup, mounts, network, watchdog, persisted state, the VM pool's claim) is
+//! the `kata-sandbox` library, shared with the VM-pool factory (`kata-vm-factory`).
 
 mod container;
 mod events;
