@@ -7,8 +7,7 @@ use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-/// The factory's binary, installed beside the shim and kata-runtime.
-pub const FACTORY_BINARY: &str = "kata-vm-factory";
+use kata_sandbox::pool::FACTORY_BINARY;
 
 /// The factory binary beside this program, else its name for a PATH lookup.
 pub fn factory_binary() -> PathBuf {
