@@ -9,6 +9,7 @@ SHIM_BIN := target/release/containerd-shim-kata-v2
 VSOCK_BIN := target/release/kata-vsock
 VMM_BIN := target/release/kata-vmm
 RUNTIME_BIN := target/release/kata-runtime
+FACTORY_BIN := target/release/kata-vm-factory
 MONITOR_BIN := target/release/kata-monitor
 GUEST_CACHE ?= /var/cache/kata-guest
 INITRD := $(GUEST_CACHE)/kata-initrd.img
@@ -28,7 +29,7 @@ DEFAULTS_DIR := /usr/share/defaults/kata-containers
 DEMO_DIR ?= /tmp/kata-demo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all setup build agent agent-bench shim vsock vmm runtime monitor install-vsock guest kernel initrd initrd-bench image install uninstall demo test unit e2e lint
+.PHONY: all setup build agent agent-bench shim factory vsock vmm runtime monitor install-vsock guest kernel initrd initrd-bench image install uninstall demo test unit e2e lint
 
 all: build
 
@@ -41,7 +42,7 @@ shim:
 agent:
 	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --profile agent -p kata-agent --target $(TARGET)
 
-build: shim agent vsock vmm runtime monitor
+build: shim factory agent vsock vmm runtime monitor
 
 # kata-vsock, the vhost-user vsock backend QEMU uses (config: hypervisor.qemu.vsock_backend).
 vsock:
@@ -50,6 +51,10 @@ vsock:
 # kata-vmm, the builtin VMM (config: hypervisor.builtin.path, hypervisor_name = "builtin").
 vmm:
 	$(CARGO) build --release -p vmm --bin kata-vmm
+
+# kata-vm-factory, the VM pool's daemon (`kata-runtime factory` runs it; [factory] config).
+factory:
+	$(CARGO) build --release -p factory --bin kata-vm-factory
 
 # kata-runtime, the host tool: `kata-runtime check` and `kata-runtime env`.
 runtime:
@@ -96,6 +101,7 @@ install: build kernel initrd install-vsock
 	install -D -m 0644 $(INITRD_DEBUG) $(SHARE_DIR)/kata-initrd-debug.img
 	install -D -m 0644 config/configuration.toml $(DEFAULTS_DIR)/configuration.toml
 	install -D -m 0755 $(RUNTIME_BIN) $(PREFIX)/bin/kata-runtime
+	install -D -m 0755 $(FACTORY_BIN) $(PREFIX)/bin/kata-vm-factory
 	install -D -m 0644 deploy/configuration-builtin.toml $(DEFAULTS_DIR)/configuration-builtin.toml
 	install -D -m 0644 -t $(SHARE_DIR)/deploy/containerd deploy/containerd/kata-containerd-1.x.toml deploy/containerd/kata-containerd-2.x.toml
 	install -D -m 0644 -t $(SHARE_DIR)/deploy/kubernetes deploy/kubernetes/runtimeclass.yaml
@@ -108,7 +114,7 @@ install: build kernel initrd install-vsock
 # Removes everything `make install` (and install-vsock) put down; leaves what the
 # administrator wrote: /etc/kata-containers/ and containerd's own configuration.
 uninstall:
-	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/containerd-shim-kata-builtin-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime $(PREFIX)/bin/kata-monitor
+	rm -f $(PREFIX)/bin/containerd-shim-kata-v2 $(PREFIX)/bin/containerd-shim-kata-builtin-v2 $(PREFIX)/bin/kata-vmm $(PREFIX)/bin/kata-vsock $(PREFIX)/bin/kata-runtime $(PREFIX)/bin/kata-vm-factory $(PREFIX)/bin/kata-monitor
 	rm -f $(SHARE_DIR)/vmlinux $(SHARE_DIR)/kata-initrd.img $(SHARE_DIR)/kata-initrd-debug.img
 	rm -f $(SHARE_DIR)/deploy/containerd/kata-containerd-1.x.toml $(SHARE_DIR)/deploy/containerd/kata-containerd-2.x.toml
 	rm -f $(SHARE_DIR)/deploy/kubernetes/runtimeclass.yaml

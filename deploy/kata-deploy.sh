@@ -202,7 +202,7 @@ install_files() {
     CHANGED=0
     TMP=$(mktemp -d)
     : >"$LIST.new" 2>/dev/null || { mkdir -p "$P"; : >"$LIST.new"; }
-    for f in containerd-shim-kata-v2 kata-runtime kata-vsock kata-vmm kata-monitor; do
+    for f in containerd-shim-kata-v2 kata-runtime kata-vm-factory kata-vsock kata-vmm kata-monitor; do
         [ -f "$ARTIFACTS/bin/$f" ] && put "$ARTIFACTS/bin/$f" "bin/$f" 0755
     done
     put_link containerd-shim-kata-v2 bin/containerd-shim-kata-builtin-v2

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-DEFAULT = ["shim/src", "hypervisor/src", "vmm/src", "agent/src"]
+DEFAULT = ["shim/src", "sandbox/src", "factory/src", "hypervisor/src", "vmm/src", "agent/src"]
 PATH = re.compile(r"\b(crate|super|self)::((?:\{[^{}]*\}|\w+)(?:::(?:\{[^{}]*\}|\w+))*)")
 
 

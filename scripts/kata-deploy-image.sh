@@ -10,8 +10,8 @@
 #   /usr/local/bin/kata-deploy      the installer (deploy/kata-deploy.sh)
 #   /usr/local/bin/kubectl          KUBECTL (statically linked): labels the node
 #   /opt/kata-artifacts/            what the installer puts under the node's prefix:
-#     bin/                          containerd-shim-kata-v2 kata-runtime kata-vsock kata-vmm
-#                                   kata-monitor (from KATA_SHIM_DIR)
+#     bin/                          containerd-shim-kata-v2 kata-runtime kata-vm-factory
+#                                   kata-vsock kata-vmm kata-monitor (from KATA_SHIM_DIR)
 #     share/kata-containers/        vmlinux (KATA_KERNEL), kata-initrd.img (KATA_INITRD),
 #                                   deploy/containerd/ (the runtime snippets)
 #     share/defaults/kata-containers/  configuration.toml, configuration-builtin.toml
@@ -31,7 +31,7 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 for v in KATA_SHIM_DIR KATA_KERNEL KATA_INITRD KUBECTL; do
     [ -n "${!v:-}" ] || die "$v is not set"
 done
-bins=(containerd-shim-kata-v2 kata-runtime kata-vsock kata-vmm kata-monitor)
+bins=(containerd-shim-kata-v2 kata-runtime kata-vm-factory kata-vsock kata-vmm kata-monitor)
 for b in "${bins[@]}"; do
     [ -x "$KATA_SHIM_DIR/$b" ] || die "no $b in $KATA_SHIM_DIR (make build vsock)"
 done

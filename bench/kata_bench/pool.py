@@ -1,4 +1,4 @@
-"""10 + 11: the VM pool (issue 30). A factory (`containerd-shim-kata-v2 factory init
+"""10 + 11: the VM pool (issue 30). A factory (`kata-vm-factory init
 --config F`, what `kata-runtime factory init` runs) started by the bench on the bench's
 configuration plus `[factory] vm_cache_number`, ended by its pid (SIGTERM: it stops and
 removes every VM it still offers), even when a measurement fails.
@@ -53,13 +53,13 @@ class Factory:
         with open(self.conf, "w") as f:
             f.write(base + '\n[factory]\nvm_cache_number = %d\nvm_cache_dir = "%s"\n'
                     % (count, self.dir))
-        self.bin = os.path.join(h.shim_dir, "containerd-shim-kata-v2")
+        self.bin = os.path.join(h.shim_dir, "kata-vm-factory")
         self.proc = None
         self.seen = set()  # ids of every VM the pool offered, for the leftover check
 
     def start(self):
         with open(self.logfile, "wb") as out:
-            self.proc = subprocess.Popen([self.bin, "factory", "init", "--config", self.conf],
+            self.proc = subprocess.Popen([self.bin, "init", "--config", self.conf],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          env=self.h.env, start_new_session=True)
         log("factory pid %d: %d VMs in %s" % (self.proc.pid, self.count, self.dir))
@@ -187,7 +187,7 @@ class Factory:
         self.ready()
         if glob.glob(os.path.join(self.dir, "*", "ready", "*")):
             # What a factory that died left: `destroy` removes it.
-            rc, out, err = run([self.bin, "factory", "destroy", "--config", self.conf],
+            rc, out, err = run([self.bin, "destroy", "--config", self.conf],
                                timeout=120, env=self.h.env)
             problems.append("ready VMs left after the factory stopped; `factory destroy`: "
                             "rc %s %s" % (rc, (err or out)[-300:]))

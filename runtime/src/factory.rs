@@ -1,27 +1,27 @@
 //! `kata-runtime factory init|status|destroy [--config FILE]` (Kata's command): the VM
-//! pool's daemon lives in the shim binary, which has the pieces a sandbox's VM is made
-//! of; this command runs `containerd-shim-kata-v2 factory ...` in its place (exec: same
-//! pid, same signals), the shim found next to kata-runtime, else in PATH.
+//! pool's daemon is its own binary, `kata-vm-factory`, on the sandbox library the shim
+//! builds its VMs with; this command runs `kata-vm-factory ...` in its place (exec: same
+//! pid, same signals), the binary found next to kata-runtime, else in PATH.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-use crate::containerd::SHIM_BINARY;
+use kata_sandbox::pool::FACTORY_BINARY;
 
-/// The shim binary beside this program, else its name for a PATH lookup.
-pub fn shim_binary() -> PathBuf {
+/// The factory binary beside this program, else its name for a PATH lookup.
+pub fn factory_binary() -> PathBuf {
     std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join(SHIM_BINARY)))
+        .and_then(|exe| exe.parent().map(|d| d.join(FACTORY_BINARY)))
         .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from(SHIM_BINARY))
+        .unwrap_or_else(|| PathBuf::from(FACTORY_BINARY))
 }
 
-/// The shim's arguments for `factory` with `rest` (what followed `factory`) and the
-/// configuration file given to kata-runtime, if any.
-pub fn shim_args(rest: &[String], config: Option<&PathBuf>) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec!["factory".into()];
+/// The factory's arguments: `rest` (what followed `factory`) and the configuration file
+/// given to kata-runtime, if any.
+pub fn factory_args(rest: &[String], config: Option<&PathBuf>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
     args.extend(rest.iter().map(OsString::from));
     if let Some(c) = config {
         args.push("--config".into());
@@ -30,16 +30,15 @@ pub fn shim_args(rest: &[String], config: Option<&PathBuf>) -> Vec<OsString> {
     args
 }
 
-/// Replaces this process with the shim's factory command; returns only on failure.
+/// Replaces this process with the factory's command; returns only on failure.
 pub fn exec(rest: &[String], config: Option<&PathBuf>) -> String {
-    let shim = shim_binary();
-    let err = std::process::Command::new(&shim)
-        .args(shim_args(rest, config))
+    let factory = factory_binary();
+    let err = std::process::Command::new(&factory)
+        .args(factory_args(rest, config))
         .exec();
     format!(
-        "cannot run {} (the factory lives in the shim binary; install it next to \
-         kata-runtime or in PATH): {err}",
-        shim.display()
+        "cannot run {} (install {FACTORY_BINARY} next to kata-runtime or in PATH): {err}",
+        factory.display()
     )
 }
 
@@ -49,8 +48,8 @@ mod tests {
 
     #[test]
     fn arguments_pass_through_with_the_configuration_file() {
-        let args = shim_args(&["init".into()], Some(&PathBuf::from("/etc/kata/c.toml")));
-        assert_eq!(args, ["factory", "init", "--config", "/etc/kata/c.toml"]);
-        assert_eq!(shim_args(&["status".into()], None), ["factory", "status"]);
+        let args = factory_args(&["init".into()], Some(&PathBuf::from("/etc/kata/c.toml")));
+        assert_eq!(args, ["init", "--config", "/etc/kata/c.toml"]);
+        assert_eq!(factory_args(&["status".into()], None), ["status"]);
     }
 }

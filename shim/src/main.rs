@@ -2,36 +2,28 @@
 //!
 //! containerd runs it with `start` (spawn or find the sandbox's daemon), `delete` (clean
 //! up after a dead daemon), or as the daemon that serves the Task API over ttrpc. `start`
-//! and `delete` are ours; the daemon runs on containerd's shim crate.
+//! and `delete` are ours; the daemon runs on containerd's shim crate. The host side of a
+//! sandbox (cgroup, mounts, network, watchdog, persisted state, the VM pool's claim) is
+//! the `kata-sandbox` library, shared with the VM-pool factory (`kata-vm-factory`).
 
-mod block;
-mod cgroup;
 mod container;
 mod events;
-mod factory;
-mod full_disk;
 mod io;
-mod kubelet_volume;
 mod launch;
-mod log;
 mod metrics;
-mod mount;
-mod network;
-mod oom_kill;
 mod options;
-mod persist;
-mod pid_anchor;
-mod pooled;
 mod ratelimit;
 mod resize;
 mod sandbox;
 mod service;
-mod sizing;
 mod spec;
 mod start;
-mod stats;
 mod task;
-mod watchdog;
+
+use kata_sandbox::{
+    block, cgroup, full_disk, kubelet_volume, log, mount, network, oom_kill, persist, pid_anchor,
+    pooled, sizing, stats, watchdog,
+};
 
 use std::io::Write;
 use std::path::Path;
@@ -45,10 +37,6 @@ const RUNTIME_ID: &str = "io.containerd.kata.v2";
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
-    // `factory init|status|destroy`: the VM pool's daemon (`kata-runtime factory` runs it).
-    if args.get(1).is_some_and(|a| a == "factory") {
-        return factory::cli::main(args.get(2..).unwrap_or_default());
-    }
     let flags = match containerd_shim::parse(args.get(1..).unwrap_or_default()) {
         Ok(flags) => flags,
         Err(e) => {

@@ -375,7 +375,7 @@ persisted_of() { # NAME
 # pod-level limits ask for another size boots cold, with its size.
 pool_ready() { # WHAT
     until_ok 120 "the factory did not make $1 VM ready (log: $LOG_DIR/cases/vm-pool.factory.log)" sh -c \
-        "'$KATA_SHIM_DIR/containerd-shim-kata-v2' factory status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
+        "'$KATA_SHIM_DIR/kata-vm-factory' status --config '$POOL_CONFIG' | grep -q '^ready VMs: 1'"
 }
 # Starts pod NAME of RuntimeClass kata-pool from the spec on stdin (after its head); says
 # whether it runs on a pooled VM (persist.json has the pooled VM's id).
@@ -390,7 +390,7 @@ pool_pod() { # NAME
 }
 case_vm-pool() {
     local log=$LOG_DIR/cases/vm-pool.factory.log
-    "$KATA_SHIM_DIR/containerd-shim-kata-v2" factory init --config "$POOL_CONFIG" >"$log" 2>&1 &
+    "$KATA_SHIM_DIR/kata-vm-factory" init --config "$POOL_CONFIG" >"$log" 2>&1 &
     # Not local: the trap runs when the case's subshell exits, after this function.
     VM_POOL_FACTORY=$!
     trap 'kill -TERM "$VM_POOL_FACTORY" 2>/dev/null; wait "$VM_POOL_FACTORY" 2>/dev/null' EXIT

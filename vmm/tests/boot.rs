@@ -3,8 +3,8 @@
 //! The guests are a few thousand instructions at most: an emulated KVM runs about a million
 //! instructions per second. Deadlines are generous; timings are never asserted.
 
-#[path = "support/confinement.rs"]
-mod confinement;
+mod support;
+use support::confinement;
 mod guests;
 
 use std::path::{Path, PathBuf};

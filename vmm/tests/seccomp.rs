@@ -6,8 +6,8 @@
 //! program does (`vmm::seccomp::apply`), does the action, and exits 0 if it is still alive.
 //! The last test runs the real kata-vsock binary.
 
-#[path = "support/confinement.rs"]
-mod confinement;
+mod support;
+use support::confinement;
 
 use std::ffi::CString;
 use std::io::{Read, Write};

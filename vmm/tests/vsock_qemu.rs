@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use vmm_contract::test_skip::skipped;
 
-#[path = "support/confinement.rs"]
-mod confinement;
+mod support;
+use support::confinement;
 
 const GUEST_INIT_C: &str = r#"
 #include <stdio.h>

@@ -1,5 +1,5 @@
 //! kubelet's volumes that the guest keeps itself, as the shim marks them in
-//! CreateContainerRequest (see `shim/src/kubelet_volume.rs`):
+//! CreateContainerRequest (see `sandbox/src/kubelet_volume.rs`):
 //!
 //! - `pod_local`: emptyDirs, a guest directory (or tmpfs) per pod volume, which never
 //!   crosses virtio-fs, so that unix sockets and FIFOs on it work between containers;

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use kata_config::Config;
+use kata_sandbox::pool;
 
 use crate::report::Line;
 
@@ -44,16 +45,9 @@ pub fn line(config: &Config, file: &str) -> Line {
 }
 
 /// The pid of the factory running for `dir` (its pid file names a live
-/// `... factory init`).
+/// `kata-vm-factory init`).
 fn factory_pid(dir: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(dir.join("factory.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let args = procinfo::pid::cmdline(pid)?;
-    let has = |word: &str| args.iter().any(|a| a == word);
-    (has("factory") && has("init")).then_some(pid)
+    pool::pid_file_pid(dir).filter(|&pid| pool::is_factory(pid))
 }
 
 /// How many ready files the pool holds (every key).

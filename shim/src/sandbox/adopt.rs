@@ -12,12 +12,12 @@ use super::boot::connect_guest;
 use super::undo::Progress;
 use super::{Sandbox, SandboxError, Up};
 use crate::cgroup;
-use crate::factory::pool;
 use crate::network::{PodNetwork, PodScan};
 use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::Watched;
 use agent_client::KataAgent;
+use kata_sandbox::pool;
 
 impl Sandbox {
     /// Starts sandbox `id` on a VM of the pool (issue 30), when one fits: None when the

@@ -520,5 +520,4 @@ fn peer_hung_up(fd: RawFd) -> bool {
 }
 
 #[cfg(test)]
-#[path = "connection_tests.rs"]
 mod tests;

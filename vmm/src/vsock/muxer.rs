@@ -693,5 +693,4 @@ fn log_rx_error(
 }
 
 #[cfg(test)]
-#[path = "muxer_tests.rs"]
 mod tests;

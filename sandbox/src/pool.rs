@@ -24,6 +24,8 @@ use crate::mount::{self, SharedDirs};
 
 /// The factory daemon's pid file in the pool directory.
 pub const PID_FILE: &str = "factory.pid";
+/// The factory's binary, installed beside the shim and kata-runtime.
+pub const FACTORY_BINARY: &str = "kata-vm-factory";
 /// The directory of ready VMs under `<vm_cache_dir>/<key>`.
 pub const READY_DIR: &str = "ready";
 /// The directory of the pool VMs' network namespaces under `<vm_cache_dir>/<key>`.
@@ -147,6 +149,30 @@ fn mentions(pid: i32, needle: &str) -> bool {
                 .any(|arg| String::from_utf8_lossy(arg).contains(needle))
         })
         .unwrap_or(false)
+}
+
+/// The pid the pool's pid file names, if the file is there and holds one.
+pub fn pid_file_pid(dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(dir.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether `pid` runs a factory (`kata-vm-factory init`).
+pub fn is_factory(pid: i32) -> bool {
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
+    // `kata-vm-factory init`, or a factory an older shim started as `... factory init`.
+    let named = args
+        .first()
+        .is_some_and(|a| a.ends_with(FACTORY_BINARY.as_bytes()));
+    procinfo::pid::is_running(pid)
+        && (named || args.iter().any(|a| *a == b"factory"))
+        && args.iter().any(|a| *a == b"init")
 }
 
 /// The pool key of the VMs `cfg` boots: a hex digest of the hypervisor chosen, its

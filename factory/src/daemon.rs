@@ -46,25 +46,7 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The pid the pool's pid file names, if the file is there and holds one.
-pub(super) fn pid_file_pid(dir: &Path) -> Option<i32> {
-    std::fs::read_to_string(dir.join(pool::PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// Whether `pid` runs a factory (`containerd-shim-kata-v2 factory init`).
-pub(super) fn is_factory(pid: i32) -> bool {
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
-    procinfo::pid::is_running(pid)
-        && args.iter().any(|a| *a == b"factory")
-        && args.iter().any(|a| *a == b"init")
-}
+pub(super) use pool::{is_factory, pid_file_pid};
 
 pub(super) fn init(cfg: kata_config::Config) -> Result<(), String> {
     if !cfg.factory.enabled() {

@@ -1,4 +1,4 @@
-//! `containerd-shim-kata-v2 factory init|status|destroy [--config PATH]` (what
+//! `kata-vm-factory init|status|destroy [--config PATH]` (what
 //! `kata-runtime factory ...` runs): the command line, and the two commands that only
 //! look at the pool directory. `status` lists the ready VMs; `destroy` stops the daemon
 //! (its pid file) and removes every ready VM, also those of a daemon that crashed.
@@ -13,9 +13,9 @@ use super::daemon::{init, is_factory, now_ms, orphan_boots, pid_file_pid, remove
 use super::pool;
 
 const USAGE: &str = "\
-usage: containerd-shim-kata-v2 factory init [--config FILE]
-       containerd-shim-kata-v2 factory status [--config FILE]
-       containerd-shim-kata-v2 factory destroy [--config FILE]
+usage: kata-vm-factory init [--config FILE]
+       kata-vm-factory status [--config FILE]
+       kata-vm-factory destroy [--config FILE]
 
   init     keep [factory] vm_cache_number booted, idle VMs ready in [factory]
            vm_cache_dir, in the foreground, until SIGTERM or SIGINT

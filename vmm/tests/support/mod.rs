@@ -1,0 +1,3 @@
+//! What the VM integration tests share.
+
+pub mod confinement;
