@@ -241,14 +241,23 @@ pub fn set_guest_rootfs(spec: &mut Value, rootfs_root: &str, cid: &str) {
     }
 }
 
+/// One mount of a container's rootfs as its caller describes it (containerd's snapshot
+/// mounts: `overlay` with its layers in `options`, or a bind), made at `<bundle>/rootfs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RootfsMount {
+    /// The filesystem type (`overlay`, `bind`, ...).
+    pub kind: String,
+    pub source: String,
+    /// Mount flags (`ro`, `rbind`, ...) and filesystem data (`lowerdir=...`), as `mount -o`.
+    pub options: Vec<String>,
+}
+
 /// containerd's rootfs mounts without the `uidmap=`/`gidmap=` options its overlay
 /// snapshotter adds for a user namespace (ID-mapped layers, which the host's mount code
 /// here does not make), and whether there were any: then the guest ID-maps the rootfs
 /// through the container's user namespace instead (see [`mark_rootfs_idmap`]), so its
 /// files owned by root on the host are the container's root's, as with runc.
-pub fn rootfs_without_idmap(
-    rootfs: &[containerd_shim_protos::api::Mount],
-) -> (Vec<containerd_shim_protos::api::Mount>, bool) {
+pub fn rootfs_without_idmap(rootfs: &[RootfsMount]) -> (Vec<RootfsMount>, bool) {
     let mut idmapped = false;
     let mounts = rootfs
         .iter()
@@ -541,8 +550,8 @@ mod tests {
 
     #[test]
     fn an_id_mapped_snapshot_is_mounted_plainly_and_mapped_in_the_guest() {
-        let overlay = containerd_shim_protos::api::Mount {
-            type_: "overlay".into(),
+        let overlay = RootfsMount {
+            kind: "overlay".into(),
             source: "overlay".into(),
             options: vec![
                 "index=off".into(),
@@ -550,7 +559,6 @@ mod tests {
                 "uidmap=0:1000:100000".into(),
                 "gidmap=0:1000:100000".into(),
             ],
-            ..Default::default()
         };
         let (mounts, idmapped) = rootfs_without_idmap(std::slice::from_ref(&overlay));
         assert!(idmapped);

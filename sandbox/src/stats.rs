@@ -1,88 +1,16 @@
-//! Statistics: the guest's cgroup v2 figures turned into containerd's
-//! `io.containerd.cgroups.v2.Metrics`, which `ctr task metrics` and the CRI read; and the
-//! sandbox's host cgroup (the VMM and its helpers) read in the same terms, on cgroup v1
-//! and v2 hosts alike.
+//! The sandbox's host cgroup (the VMM and its helpers) read in the terms the agent uses
+//! for a container's guest cgroup (`StatsContainerResponse`: cgroup v2's names and
+//! units), on cgroup v1 and v2 hosts alike. The shim turns either into containerd's
+//! metrics message.
 
-use containerd_shim_protos::cgroups_v2::metrics::{
-    CPUStat, MemoryEvents, MemoryStat, Metrics, PidsStat,
-};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use containerd_shim_protos::protobuf::MessageField;
 use protocols::agent::StatsContainerResponse;
 
 use crate::cgroup::HostCgroup;
 
-pub fn metrics_from(s: &StatsContainerResponse) -> Metrics {
-    let stat = |key: &str| s.memory_stat.get(key).copied().unwrap_or(0);
-    Metrics {
-        pids: MessageField::some(PidsStat {
-            current: s.pids_current,
-            limit: s.pids_limit,
-            ..Default::default()
-        }),
-        cpu: MessageField::some(CPUStat {
-            usage_usec: s.cpu_usage_usec,
-            user_usec: s.cpu_user_usec,
-            system_usec: s.cpu_system_usec,
-            nr_periods: s.cpu_nr_periods,
-            nr_throttled: s.cpu_nr_throttled,
-            throttled_usec: s.cpu_throttled_usec,
-            ..Default::default()
-        }),
-        memory: MessageField::some(MemoryStat {
-            anon: stat("anon"),
-            file: stat("file"),
-            kernel_stack: stat("kernel_stack"),
-            slab: stat("slab"),
-            sock: stat("sock"),
-            shmem: stat("shmem"),
-            file_mapped: stat("file_mapped"),
-            file_dirty: stat("file_dirty"),
-            file_writeback: stat("file_writeback"),
-            anon_thp: stat("anon_thp"),
-            inactive_anon: stat("inactive_anon"),
-            active_anon: stat("active_anon"),
-            inactive_file: stat("inactive_file"),
-            active_file: stat("active_file"),
-            unevictable: stat("unevictable"),
-            slab_reclaimable: stat("slab_reclaimable"),
-            slab_unreclaimable: stat("slab_unreclaimable"),
-            pgfault: stat("pgfault"),
-            pgmajfault: stat("pgmajfault"),
-            workingset_refault: stat("workingset_refault"),
-            workingset_activate: stat("workingset_activate"),
-            workingset_nodereclaim: stat("workingset_nodereclaim"),
-            pgrefill: stat("pgrefill"),
-            pgscan: stat("pgscan"),
-            pgsteal: stat("pgsteal"),
-            pgactivate: stat("pgactivate"),
-            pgdeactivate: stat("pgdeactivate"),
-            pglazyfree: stat("pglazyfree"),
-            pglazyfreed: stat("pglazyfreed"),
-            thp_fault_alloc: stat("thp_fault_alloc"),
-            thp_collapse_alloc: stat("thp_collapse_alloc"),
-            usage: s.memory_usage,
-            usage_limit: s.memory_usage_limit,
-            swap_usage: s.memory_swap_usage,
-            swap_limit: s.memory_swap_limit,
-            ..Default::default()
-        }),
-        memory_events: MessageField::some(MemoryEvents {
-            low: s.memory_events_low,
-            high: s.memory_events_high,
-            max: s.memory_events_max,
-            oom: s.memory_events_oom,
-            oom_kill: s.memory_events_oom_kill,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// The figures of the sandbox's host cgroup, in cgroup v2's names and units (what
-/// [`metrics_from`] takes): from its one unified cgroup, or from whichever v1 hierarchy
+/// The figures of the sandbox's host cgroup, in cgroup v2's names and units : from its one unified cgroup, or from whichever v1 hierarchy
 /// holds each controller. None when the sandbox has no host cgroup. A figure whose file
 /// is missing (a controller the hierarchy lacks) reads as 0.
 pub fn host_figures(cg: &HostCgroup) -> Option<StatsContainerResponse> {
@@ -212,30 +140,6 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    #[test]
-    fn guest_figures_land_in_containerd_fields() {
-        let mut s = StatsContainerResponse {
-            pids_current: 3,
-            pids_limit: 20,
-            cpu_usage_usec: 1500,
-            memory_usage: 4096,
-            memory_usage_limit: 33554432,
-            memory_events_oom_kill: 1,
-            ..Default::default()
-        };
-        s.memory_stat.insert("anon".into(), 1024);
-        s.memory_stat.insert("pgfault".into(), 7);
-        let m = metrics_from(&s);
-        assert_eq!((m.pids.current, m.pids.limit), (3, 20));
-        assert_eq!(m.cpu.usage_usec, 1500);
-        assert_eq!((m.memory.usage, m.memory.usage_limit), (4096, 33554432));
-        assert_eq!(
-            (m.memory.anon, m.memory.pgfault, m.memory.file),
-            (1024, 7, 0)
-        );
-        assert_eq!(m.memory_events.oom_kill, 1);
-    }
-
     fn write_files(dir: &Path, files: &[(&str, &str)]) {
         std::fs::create_dir_all(dir).expect("mkdir");
         for (name, text) in files {
@@ -265,22 +169,23 @@ mod tests {
             created: Vec::new(),
             unified: true,
         };
-        let m = metrics_from(&host_figures(&cg).expect("figures"));
+        let f = host_figures(&cg).expect("figures");
+        let stat = |key: &str| f.memory_stat.get(key).copied().unwrap_or(0);
         assert_eq!(
-            (m.cpu.usage_usec, m.cpu.user_usec, m.cpu.system_usec),
+            (f.cpu_usage_usec, f.cpu_user_usec, f.cpu_system_usec),
             (2500, 2000, 500)
         );
         assert_eq!(
-            (m.cpu.nr_periods, m.cpu.nr_throttled, m.cpu.throttled_usec),
+            (f.cpu_nr_periods, f.cpu_nr_throttled, f.cpu_throttled_usec),
             (4, 1, 9)
         );
-        assert_eq!((m.memory.usage, m.memory.usage_limit), (1048576, 0));
+        assert_eq!((f.memory_usage, f.memory_usage_limit), (1048576, 0));
         assert_eq!(
-            (m.memory.anon, m.memory.file, m.memory.pgfault),
+            (stat("anon"), stat("file"), stat("pgfault")),
             (4096, 8192, 3)
         );
-        assert_eq!((m.memory_events.max, m.memory_events.oom_kill), (2, 1));
-        assert_eq!((m.pids.current, m.pids.limit), (3, 1024));
+        assert_eq!((f.memory_events_max, f.memory_events_oom_kill), (2, 1));
+        assert_eq!((f.pids_current, f.pids_limit), (3, 1024));
     }
 
     #[test]
@@ -362,23 +267,24 @@ mod tests {
             created: Vec::new(),
             unified: false,
         };
-        let m = metrics_from(&host_figures(&cg).expect("figures"));
+        let f = host_figures(&cg).expect("figures");
+        let stat = |key: &str| f.memory_stat.get(key).copied().unwrap_or(0);
         assert_eq!(
-            (m.cpu.usage_usec, m.cpu.user_usec, m.cpu.system_usec),
+            (f.cpu_usage_usec, f.cpu_user_usec, f.cpu_system_usec),
             (3000, 2000, 1000)
         );
         assert_eq!(
-            (m.cpu.nr_periods, m.cpu.nr_throttled, m.cpu.throttled_usec),
+            (f.cpu_nr_periods, f.cpu_nr_throttled, f.cpu_throttled_usec),
             (5, 2, 7)
         );
-        assert_eq!((m.memory.usage, m.memory.usage_limit), (2097152, 0));
+        assert_eq!((f.memory_usage, f.memory_usage_limit), (2097152, 0));
         // The subtree's totals under their v2 names.
         assert_eq!(
-            (m.memory.anon, m.memory.file, m.memory.pgfault),
+            (stat("anon"), stat("file"), stat("pgfault")),
             (4096, 8192, 11)
         );
-        assert_eq!(m.memory_events.oom_kill, 1);
-        assert_eq!((m.pids.current, m.pids.limit), (4, 0));
+        assert_eq!(f.memory_events_oom_kill, 1);
+        assert_eq!((f.pids_current, f.pids_limit), (4, 0));
 
         std::fs::write(at("memory").join("memory.limit_in_bytes"), "536870912\n").expect("w");
         let f = host_figures(&cg).expect("figures");

@@ -1,15 +1,13 @@
-//! Containers and their processes as the shim tracks them, and the host side of a
-//! container: its rootfs mounted from containerd's snapshot and bound into the share.
+//! Containers and their processes as the Task service tracks them: created, running,
+//! paused, stopped, each with its stdio relays. The host side of a container (its rootfs
+//! and binds on the share) is the sandbox library's ([`kata_sandbox::host_mounts`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
-use containerd_shim_protos::api::Mount;
 use tokio::sync::watch;
 
 use crate::io::{Relays, StdioPaths};
-use crate::mount;
-use crate::spec::HostBind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -140,11 +138,11 @@ pub struct Container {
     pub init: Process,
     pub execs: std::collections::HashMap<String, Process>,
     /// The host pid it reports, for a pod's other containers than the sandbox container
-    /// (see [`crate::pid_anchor`]); None: it reports the VMM's.
-    pub anchor: Option<crate::pid_anchor::PidAnchor>,
+    /// (see [`kata_sandbox::pid_anchor`]); None: it reports the VMM's.
+    pub anchor: Option<kata_sandbox::pid_anchor::PidAnchor>,
     /// The limits Task.Update has given it since it was created (an in-place resize);
     /// None: its bundle's.
-    pub given: Option<crate::resize::Limits>,
+    pub given: Option<kata_sandbox::resize::Limits>,
 }
 
 /// Why a container takes no exec now.
@@ -195,158 +193,6 @@ impl Container {
             self.execs.get_mut(exec_id)
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum HostSetupError {
-    #[error("mounting the container rootfs at {target}: {detail}")]
-    Rootfs { target: PathBuf, detail: String },
-    #[error(transparent)]
-    Mount(#[from] mount::MountError),
-}
-
-/// Mounts containerd's rootfs mounts at `<bundle>/rootfs` (if any; otherwise the bundle
-/// already holds the rootfs), then binds it and the spec's host binds into the share:
-/// the volumes into virtiofsd's mount namespaces (`serving`, see
-/// [`mount::serving_namespaces`]) when there are any, else into the host's. Returns every
-/// host mount point made, in order; on error, undoes its own work.
-pub async fn setup_host_mounts(
-    bundle: &Path,
-    rootfs: &[Mount],
-    share_dir: &Path,
-    binds: &[HostBind],
-    serving: &[std::fs::File],
-) -> Result<Vec<PathBuf>, HostSetupError> {
-    let mut made = Vec::new();
-    let result = async {
-        let host_rootfs = bundle.join("rootfs");
-        for m in rootfs {
-            std::fs::create_dir_all(&host_rootfs).map_err(|e| HostSetupError::Rootfs {
-                target: host_rootfs.clone(),
-                detail: e.to_string(),
-            })?;
-            containerd_shim::asynchronous::util::mount_rootfs(m, &host_rootfs)
-                .await
-                .map_err(|e| HostSetupError::Rootfs {
-                    target: host_rootfs.clone(),
-                    detail: format!("{} mount from {}: {e}", m.type_, m.source),
-                })?;
-            made.push(host_rootfs.clone());
-        }
-        let target = share_dir.join("rootfs");
-        mount::bind(
-            &host_rootfs,
-            &target,
-            mount::Access::ReadWrite,
-            mount::Propagation::Private,
-        )?;
-        made.push(target);
-        // `<share>/mounts/<id>`: the share's `mounts` and this container's part of it.
-        let (share_mounts, own) = match (share_dir.parent(), share_dir.file_name()) {
-            (Some(parent), Some(own)) => (parent, PathBuf::from(own)),
-            _ => (share_dir, PathBuf::new()),
-        };
-        for b in binds {
-            let rel = own.join(&b.share_rel);
-            let host = mount::bind_volume(
-                &b.source,
-                share_mounts,
-                &rel,
-                b.access,
-                b.propagation,
-                serving,
-            )?;
-            made.extend(host);
-        }
-        Ok(())
-    }
-    .await;
-    match result {
-        Ok(()) => Ok(made),
-        Err(e) => {
-            mount::unmount_all(&made);
-            let _ = mount::remove_dir_if_unmounted(share_dir);
-            Err(e)
-        }
-    }
-}
-
-/// A container's host mounts, behind a seam: [`RealHostMounts`] in production; the task
-/// service's unit tests give their sandboxes one that mounts nothing, so they run without
-/// root.
-#[async_trait::async_trait]
-pub trait HostMounts: Send + Sync {
-    /// As [`setup_host_mounts`].
-    async fn setup(
-        &self,
-        bundle: &Path,
-        rootfs: &[Mount],
-        share_dir: &Path,
-        binds: &[HostBind],
-        serving: &[std::fs::File],
-    ) -> Result<Vec<PathBuf>, HostSetupError>;
-
-    /// As [`teardown_host_mounts`].
-    fn teardown(&self, mounts: &[PathBuf], share_dir: &Path);
-}
-
-/// The host's mount table: [`setup_host_mounts`] and [`teardown_host_mounts`].
-pub struct RealHostMounts;
-
-#[async_trait::async_trait]
-impl HostMounts for RealHostMounts {
-    async fn setup(
-        &self,
-        bundle: &Path,
-        rootfs: &[Mount],
-        share_dir: &Path,
-        binds: &[HostBind],
-        serving: &[std::fs::File],
-    ) -> Result<Vec<PathBuf>, HostSetupError> {
-        setup_host_mounts(bundle, rootfs, share_dir, binds, serving).await
-    }
-
-    fn teardown(&self, mounts: &[PathBuf], share_dir: &Path) {
-        teardown_host_mounts(mounts, share_dir)
-    }
-}
-
-/// For the task service's unit tests: a container's place on the share is a directory
-/// holding an empty `rootfs` directory, and nothing is mounted.
-#[cfg(test)]
-pub struct DirsOnly;
-
-#[cfg(test)]
-#[async_trait::async_trait]
-impl HostMounts for DirsOnly {
-    async fn setup(
-        &self,
-        _bundle: &Path,
-        _rootfs: &[Mount],
-        share_dir: &Path,
-        _binds: &[HostBind],
-        _serving: &[std::fs::File],
-    ) -> Result<Vec<PathBuf>, HostSetupError> {
-        let rootfs = share_dir.join("rootfs");
-        std::fs::create_dir_all(&rootfs).map_err(|e| HostSetupError::Rootfs {
-            target: rootfs.clone(),
-            detail: e.to_string(),
-        })?;
-        Ok(vec![rootfs])
-    }
-
-    fn teardown(&self, _mounts: &[PathBuf], share_dir: &Path) {
-        let _ = std::fs::remove_dir_all(share_dir);
-    }
-}
-
-/// Undoes `setup_host_mounts`.
-pub fn teardown_host_mounts(mounts: &[PathBuf], share_dir: &Path) {
-    mount::unmount_all(mounts);
-    for m in mount::mounts_under(share_dir) {
-        mount::unmount(&m);
-    }
-    let _ = mount::remove_dir_if_unmounted(share_dir);
 }
 
 #[cfg(test)]

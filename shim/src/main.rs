@@ -10,20 +10,14 @@ mod container;
 mod events;
 mod io;
 mod launch;
-mod metrics;
 mod options;
 mod ratelimit;
-mod resize;
-mod sandbox;
 mod service;
-mod spec;
 mod start;
+mod stats;
 mod task;
 
-use kata_sandbox::{
-    block, cgroup, full_disk, kubelet_volume, log, mount, network, oom_kill, persist, pid_anchor,
-    pooled, sizing, stats, watchdog,
-};
+use kata_sandbox::log;
 
 use std::io::Write;
 use std::path::Path;
@@ -120,7 +114,9 @@ fn run_daemon() -> ExitCode {
         return ExitCode::FAILURE;
     };
     // Agent request latencies go to the sandbox's metrics.
-    agent_client::observe_requests(|op, took| metrics::METRICS.agent_request(op, took));
+    agent_client::observe_requests(|op, took| {
+        kata_sandbox::metrics::METRICS.agent_request(op, took)
+    });
     let config = containerd_shim::Config {
         // The shim logs with slog into the bundle's log fifo itself.
         no_setup_logger: true,

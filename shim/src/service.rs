@@ -17,11 +17,11 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::events::{timestamp, Events};
 use crate::launch::VmLauncher;
-use crate::log::{fifo_logger, DebugSwitch};
-use crate::persist::SandboxState;
-use crate::sandbox::cleanup_host;
 use crate::start::{remove_socket, sandbox_id_of_bundle};
 use crate::task::{IdleProbe, TaskService};
+use kata_sandbox::log::{fifo_logger, DebugSwitch};
+use kata_sandbox::persist::SandboxState;
+use kata_sandbox::sandbox::cleanup_host;
 
 pub struct Service {
     id: String,
@@ -159,16 +159,16 @@ impl Shim for Service {
             let address = bundle_socket(&self.address, &self.namespace, &sandbox_id);
             remove_socket(&address, true);
         } else {
-            let share = crate::mount::SharedDirs::for_sandbox(&sandbox_id)
+            let share = kata_sandbox::mount::SharedDirs::for_sandbox(&sandbox_id)
                 .mounts
                 .join(&self.id);
-            crate::container::teardown_host_mounts(&[], &share);
+            kata_sandbox::host_mounts::teardown_host_mounts(&[], &share);
         }
         let rootfs = Path::new("rootfs");
-        for m in
-            crate::mount::mounts_under(&std::env::current_dir().unwrap_or_default().join(rootfs))
-        {
-            crate::mount::unmount(&m);
+        for m in kata_sandbox::mount::mounts_under(
+            &std::env::current_dir().unwrap_or_default().join(rootfs),
+        ) {
+            kata_sandbox::mount::unmount(&m);
         }
         Ok(DeleteResponse {
             pid: 0,

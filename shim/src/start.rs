@@ -28,8 +28,8 @@ use containerd_shim_protos::protobuf::Message;
 use protocols::bootstrap::{BootstrapParams, BootstrapResult};
 use slog::{info, warn, Logger};
 
-use crate::persist::SandboxState;
-use crate::spec;
+use kata_sandbox::persist::SandboxState;
+use kata_sandbox::spec;
 
 /// containerd's own shims read at most this much of stdin.
 const STDIN_LIMIT: u64 = 10 << 20;
@@ -287,7 +287,7 @@ fn start_daemon(flags: &Flags, params: &StartParams, log: &Logger) -> Result<Str
 fn bundle_write_error(what: &str, e: &std::io::Error) -> String {
     let bundle = std::env::current_dir().unwrap_or_default();
     let text = format!("writing the bundle's {what} in {}: {e}", bundle.display());
-    match crate::full_disk::explain(&text, &[("containerd's bundle", bundle)]) {
+    match kata_sandbox::full_disk::explain(&text, &[("containerd's bundle", bundle)]) {
         Some(more) => format!("{text}: {more}"),
         None => text,
     }
@@ -473,7 +473,7 @@ impl ServingShim {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(
-                crate::log::open_fifo_writer(Path::new("log"))
+                kata_sandbox::log::open_fifo_writer(Path::new("log"))
                     .map(Stdio::from)
                     .unwrap_or_else(Stdio::null),
             )

@@ -14,10 +14,10 @@ use super::{Sandbox, SandboxError, Up};
 use crate::cgroup;
 use crate::network::{PodNetwork, PodScan};
 use crate::persist::{self, SandboxState};
+use crate::pool;
 use crate::spec::SandboxSpec;
 use crate::watchdog::Watched;
 use agent_client::KataAgent;
-use kata_sandbox::pool;
 
 impl Sandbox {
     /// Starts sandbox `id` on a VM of the pool (issue 30), when one fits: None when the

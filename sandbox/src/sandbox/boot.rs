@@ -60,7 +60,42 @@ pub(super) async fn connect_guest(
     Ok(agent)
 }
 
+/// Why a sandbox could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The pod's resources cannot be met or read.
+    #[error(transparent)]
+    Size(#[from] crate::sizing::SizingError),
+    /// The VM did not come up.
+    #[error(transparent)]
+    Boot(#[from] SandboxError),
+}
+
 impl Sandbox {
+    /// Sizes the VM for the pod (`cfg` is the RuntimeClass's configuration), boots it (or
+    /// takes a pooled one) and sets how far an in-place resize may take it.
+    pub async fn launch(
+        id: &str,
+        cfg: kata_config::Config,
+        spec: &SandboxSpec,
+        log: &Logger,
+    ) -> Result<Arc<Sandbox>, LaunchError> {
+        let (cfg, size) = crate::sizing::apply(cfg, &spec.resources)?;
+        info!(log, "sandbox size: {} vCPUs, {} MiB", size.vcpus, size.memory_mib;
+            "vcpus" => size.vcpus, "memory_mib" => size.memory_mib, "why" => &size.why);
+        crate::metrics::METRICS.set_vm_size(size.vcpus, size.memory_mib);
+        let sandbox = Sandbox::create(id, &cfg, spec, log).await?;
+        let mut room = crate::resize::Room::of_config(&cfg);
+        if sandbox.pooled() {
+            // A pooled VM is the pool's size (this pod's, or it would not have been
+            // claimed) and keeps it: the hand-over gives the shim no balloon to work.
+            room.resize_vcpus = 0;
+            room.resize_memory_mib = 0;
+        }
+        sandbox.set_room(room);
+        Ok(sandbox)
+    }
+
     /// Boots the VM for sandbox `id`, connects to its agent and starts watching the VM.
     pub async fn create(
         id: &str,

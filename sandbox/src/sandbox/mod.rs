@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::block;
 use crate::cgroup;
-use crate::container::{HostMounts, HostSetupError, RealHostMounts};
+use crate::host_mounts::{HostMounts, HostSetupError, RealHostMounts};
 use crate::mount::{self, SharedDirs};
 use crate::network;
 use crate::network::port_forward::PortForward;
@@ -41,6 +41,7 @@ mod adopt;
 mod boot;
 mod undo;
 
+pub use boot::LaunchError;
 pub use undo::cleanup_host;
 use undo::{stop_vm, Progress};
 
@@ -201,10 +202,10 @@ impl Sandbox {
     }
 
     /// A sandbox without a VM around `agent`, sharing from `shared`, for unit tests:
-    /// containers' mounts are only directories ([`crate::container::DirsOnly`]), so the
+    /// containers' mounts are only directories ([`crate::host_mounts::DirsOnly`]), so the
     /// tests run without root. Its host cgroup is `cgroup_dirs` (test trees of cgroup
     /// files, for the host OOM killer's counters; none: no cgroup).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn for_test_in(
         id: &str,
         agent: Arc<dyn Agent>,
@@ -239,7 +240,7 @@ impl Sandbox {
             }),
             oom_reason: std::sync::OnceLock::new(),
             room: Mutex::new(None),
-            host_mounts: Box::new(crate::container::DirsOnly),
+            host_mounts: Box::new(crate::host_mounts::DirsOnly),
             log: hypervisor::discard_logger(),
             debug: false,
         })
@@ -425,7 +426,7 @@ impl Sandbox {
         &self,
         id: &str,
         bundle: &Path,
-        rootfs: &[containerd_shim_protos::api::Mount],
+        rootfs: &[crate::spec::RootfsMount],
         guest_mounts: &crate::spec::GuestMounts,
         mut spec: serde_json::Value,
         stdin: bool,

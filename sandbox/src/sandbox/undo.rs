@@ -94,8 +94,8 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     }
     cgroup::remove(&state.cgroups);
     if let Some(pooled) = &state.pooled {
-        let mut left = kata_sandbox::pool::Leftovers::default();
-        kata_sandbox::pool::remove_netns(&pooled.netns, &mut left);
+        let mut left = crate::pool::Leftovers::default();
+        crate::pool::remove_netns(&pooled.netns, &mut left);
         if !left.is_empty() {
             warn!(log, "removing the pooled VM's network namespace"; "error" => %left);
         }

@@ -17,8 +17,8 @@ use super::Inner;
 use crate::container::{Container, Process};
 use crate::io::{Relays, StdioPaths};
 use crate::launch::LaunchError;
-use crate::sandbox::{ContainerError, Sandbox};
-use crate::spec;
+use kata_sandbox::sandbox::{ContainerError, Sandbox};
+use kata_sandbox::spec;
 
 /// The parts of a CreateTask request the create needs, read from the bundle.
 struct Parsed {
@@ -35,7 +35,7 @@ impl Inner {
     pub(super) async fn create_container(self: &Arc<Self>, req: &CreateTaskRequest) -> Result<u32> {
         let t0 = Instant::now();
         if req.id == self.sandbox_id {
-            crate::metrics::METRICS.start_phases();
+            kata_sandbox::metrics::METRICS.start_phases();
         }
         let parsed = self.parse(req)?;
         // Registered first: a sandbox with a create in flight is not ended under it.
@@ -73,7 +73,7 @@ impl Inner {
         let pid = result.map_err(|e| self.full_disk_context(e, &parsed.bundle))?;
         info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         if req.id == self.sandbox_id {
-            crate::metrics::METRICS.phase("sandbox_created");
+            kata_sandbox::metrics::METRICS.phase("sandbox_created");
         }
         self.events
             .create(&req.id, &req.bundle, &parsed.stdio, pid)
@@ -157,19 +157,19 @@ impl Inner {
         let places = [
             (
                 "the sandbox state",
-                crate::persist::state_dir(&self.sandbox_id),
+                kata_sandbox::persist::state_dir(&self.sandbox_id),
             ),
             (
                 "the VM's run directory",
-                crate::persist::vm_run_root().join(&self.sandbox_id),
+                kata_sandbox::persist::vm_run_root().join(&self.sandbox_id),
             ),
             (
                 "the share",
-                crate::mount::SharedDirs::for_sandbox(&self.sandbox_id).base,
+                kata_sandbox::mount::SharedDirs::for_sandbox(&self.sandbox_id).base,
             ),
             ("containerd's bundle", bundle.to_path_buf()),
         ];
-        if let Some(more) = crate::full_disk::explain(&st.message, &places) {
+        if let Some(more) = kata_sandbox::full_disk::explain(&st.message, &places) {
             slog::error!(self.log, "create failed on a full file system: {more}"; "error" => &st.message);
             st.message = format!("{}: {more}", st.message);
         }
@@ -253,7 +253,7 @@ impl Inner {
         // a pid of their own. Made first: nothing to undo if it fails.
         let anchor = match req.id == self.sandbox_id {
             true => None,
-            false => Some(crate::pid_anchor::PidAnchor::new().map_err(|e| {
+            false => Some(kata_sandbox::pid_anchor::PidAnchor::new().map_err(|e| {
                 super::state::failed(format!(
                     "container {}: no host thread for its pid: {e}; the host is out of \
                      threads (see its pid limits)",
@@ -261,11 +261,12 @@ impl Inner {
                 ))
             })?),
         };
+        let rootfs: Vec<_> = req.rootfs.iter().map(rootfs_mount).collect();
         let host = sb
             .create_container(
                 &req.id,
                 &p.bundle,
-                &req.rootfs,
+                &rootfs,
                 &p.mounts,
                 p.spec.clone(),
                 !p.stdio.stdin.is_empty(),
@@ -298,5 +299,15 @@ impl Inner {
             },
         );
         Ok(pid)
+    }
+}
+
+/// One of containerd's rootfs mounts in the sandbox library's terms (its `target` is
+/// always the bundle's `rootfs`, where the library mounts them).
+fn rootfs_mount(m: &containerd_shim_protos::api::Mount) -> kata_sandbox::spec::RootfsMount {
+    kata_sandbox::spec::RootfsMount {
+        kind: m.type_.clone(),
+        source: m.source.clone(),
+        options: m.options.clone(),
     }
 }

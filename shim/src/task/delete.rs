@@ -13,7 +13,7 @@ use super::state::{not_found, status, Result};
 use super::Inner;
 use crate::container::{Exit, Status};
 use crate::events::timestamp;
-use crate::sandbox::Sandbox;
+use kata_sandbox::sandbox::Sandbox;
 
 impl Inner {
     /// Removes exec `req.exec_id`, or container `req.id` (and the sandbox with the last).

@@ -57,7 +57,7 @@ struct Inner {
     exit: Arc<ExitSignal>,
     log: Logger,
     /// `/metrics` on the sandbox's `shim-monitor.sock`, while it has a VM.
-    metrics: Mutex<Option<crate::metrics::server::MetricsServer>>,
+    metrics: Mutex<Option<kata_sandbox::metrics::server::MetricsServer>>,
     /// Who reached the daemon last, for its end when nobody can (see `reach`).
     contact: Contact,
     /// Bumped whenever a create settles (done or undone), for requests waiting on it.
@@ -122,9 +122,9 @@ impl Inner {
     }
 
     /// A request `rpc` came in: its timer, and someone reaches the daemon.
-    fn request(&self, rpc: &'static str) -> Option<crate::metrics::TaskTimer> {
+    fn request(&self, rpc: &'static str) -> Option<kata_sandbox::metrics::TaskTimer> {
         self.contact.heard();
-        crate::metrics::task_timer(rpc)
+        kata_sandbox::metrics::task_timer(rpc)
     }
 
     /// Waits until no create of `cid` is under way, so that a request about it answers
@@ -159,17 +159,17 @@ impl Inner {
     /// VM sandbox keeps (none for sandboxes without one, as in unit tests). Without it the
     /// sandbox runs on; only its metrics are missing, which the log says.
     fn serve_metrics(self: &Arc<Self>) {
-        if !crate::persist::state_dir(&self.sandbox_id).is_dir() {
+        if !kata_sandbox::persist::state_dir(&self.sandbox_id).is_dir() {
             return;
         }
         let inner = Arc::downgrade(self);
-        let source: crate::metrics::SandboxSource =
+        let source: kata_sandbox::metrics::SandboxSource =
             Arc::new(move || inner.upgrade().and_then(|i| i.lock().sandbox.clone()));
-        let path = crate::metrics::server::socket_path(&self.sandbox_id);
+        let path = kata_sandbox::metrics::server::socket_path(&self.sandbox_id);
         let mut slot = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
         // A sandbox booted anew replaces the server of the one before.
         slot.take();
-        match crate::metrics::server::start(&path, source) {
+        match kata_sandbox::metrics::server::start(&path, source) {
             Ok(server) => *slot = Some(server),
             Err(e) => {
                 slog::warn!(self.log, "the sandbox's metrics will not be served"; "socket" => path.display(), "error" => %e)
@@ -541,20 +541,20 @@ impl Task for TaskService {
         }
         // A resize past what the VM can be is refused, not accepted and not given; within
         // it, the VM grows before the container's limits do and shrinks after (issue 43).
-        let limits = crate::resize::limits_of(&resources);
+        let limits = kata_sandbox::resize::limits_of(&resources);
         let members: Vec<_> = members
             .iter()
-            .map(|(id, bundle, given)| crate::resize::Member {
+            .map(|(id, bundle, given)| kata_sandbox::resize::Member {
                 id,
                 bundle,
                 given: *given,
             })
             .collect();
         let room = sandbox.as_ref().and_then(|sb| sb.room());
-        let plan = crate::resize::check(&req.id, limits, &members, room)
+        let plan = kata_sandbox::resize::check(&req.id, limits, &members, room)
             .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
         info!(self.inner.log, "update"; "container" => &req.id);
-        let resize_vm = |change: crate::resize::Change| {
+        let resize_vm = |change: kata_sandbox::resize::Change| {
             let sandbox = sandbox.clone();
             async move {
                 match sandbox {
@@ -582,7 +582,7 @@ impl Task for TaskService {
         }
         if let (Some(plan), Some(sb)) = (plan, &sandbox) {
             sb.resized(&plan);
-            crate::metrics::METRICS.set_vm_size(plan.to.vcpus, plan.to.memory_mib as u32);
+            kata_sandbox::metrics::METRICS.set_vm_size(plan.to.vcpus, plan.to.memory_mib as u32);
         }
         Ok(Empty::new())
     }

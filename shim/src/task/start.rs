@@ -57,7 +57,7 @@ impl Inner {
         if req.exec_id.is_empty() {
             info!(self.log, "phase: container started"; "phase" => "container started", "container" => &req.id);
             if req.id == self.sandbox_id {
-                crate::metrics::METRICS.phase("sandbox_started");
+                kata_sandbox::metrics::METRICS.phase("sandbox_started");
             }
             self.events.start(&req.id, pid).await;
         } else {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ttrpc::{Code, Error as TtrpcError};
 
 use crate::container::{Container, Process};
-use crate::sandbox::Sandbox;
 use agent_client::{Agent, AgentError};
+use kata_sandbox::sandbox::Sandbox;
 
 pub type Result<T> = std::result::Result<T, TtrpcError>;
 

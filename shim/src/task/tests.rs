@@ -20,10 +20,10 @@ use ttrpc::Code;
 use super::TaskService;
 use crate::events::Events;
 use crate::launch::{LaunchError, Launcher};
-use crate::mount::SharedDirs;
-use crate::sandbox::Sandbox;
-use crate::spec::SandboxSpec;
 use agent_client::fake::FakeAgent;
+use kata_sandbox::mount::SharedDirs;
+use kata_sandbox::sandbox::Sandbox;
+use kata_sandbox::spec::SandboxSpec;
 
 /// Hands out sandboxes around one fake agent, sharing from a temp dir; optionally holds
 /// the boot until `release` is notified.
@@ -199,7 +199,7 @@ impl Fixture {
 
     fn share_is_gone(&self) -> bool {
         !self.dir.path().join("share").join(SB).exists()
-            && crate::mount::mounts_under(self.dir.path()).is_empty()
+            && kata_sandbox::mount::mounts_under(self.dir.path()).is_empty()
     }
 }
 

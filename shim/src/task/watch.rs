@@ -8,8 +8,8 @@ use slog::{debug, info, warn};
 
 use super::Inner;
 use crate::ratelimit::{clip, PerKey};
-use crate::sandbox::Sandbox;
 use agent_client::Agent;
+use kata_sandbox::sandbox::Sandbox;
 
 /// The exit status reported for every process of a sandbox whose VM died: the guest can
 /// no longer say how they ended (as runc reports for a process it lost).
@@ -52,7 +52,7 @@ impl Inner {
                         return;
                     }
                 };
-                crate::metrics::METRICS.oom_event();
+                kata_sandbox::metrics::METRICS.oom_event();
                 let now = Instant::now();
                 if !inner.lock().containers.contains_key(&cid) {
                     if let Some(more) = unknown.admit("", now) {
@@ -154,7 +154,7 @@ impl Inner {
                     })
                     .collect()
             };
-            crate::metrics::METRICS.vm_ended(&cause);
+            kata_sandbox::metrics::METRICS.vm_ended(&cause);
             warn!(inner.log, "sandbox VM ended"; "cause" => &cause, "unstarted_processes" => unstarted.len());
             for (cid, exec_id) in unstarted {
                 let status = inner.lost_exit_status(&cid).await;
@@ -192,15 +192,18 @@ impl Inner {
             }
             st.container(cid).ok().map(|c| c.bundle.clone())
         };
-        crate::metrics::METRICS.oom_event();
+        kata_sandbox::metrics::METRICS.oom_event();
         self.events.oom(cid).await;
         let spec = bundle
             .and_then(|b| std::fs::read(b.join("config.json")).ok())
             .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok());
-        let Some(path) = spec.as_ref().and_then(crate::oom_kill::termination_log) else {
+        let Some(path) = spec
+            .as_ref()
+            .and_then(kata_sandbox::oom_kill::termination_log)
+        else {
             return;
         };
-        match crate::oom_kill::write_termination_log(&path, reason) {
+        match kata_sandbox::oom_kill::write_termination_log(&path, reason) {
             Ok(written) => {
                 info!(self.log, "container ended by the host's OOM killer"; "container" => cid,
                     "termination_message" => path.display(), "written" => written)
