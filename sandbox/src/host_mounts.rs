@@ -4,6 +4,7 @@
 //! plain directories in the Task service's unit tests.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::mount;
 use crate::spec::{HostBind, RootfsMount};
@@ -160,18 +161,27 @@ pub fn teardown_host_mounts(mounts: &[PathBuf], share_dir: &Path) {
     let _ = mount::remove_dir_if_unmounted(share_dir);
 }
 
-/// Mounts one of the rootfs's mounts at `target`: its options split into mount flags and
-/// filesystem data as `mount(8)` does (with containerd's handling of an overlay whose
-/// layers do not fit in one page), on a blocking thread.
+/// How the host process makes one of a container's rootfs mounts at a target directory
+/// (blocking). The shim gives containerd-shim's, which knows the forms of containerd's
+/// mount options (an overlay whose layers do not fit in one page, a loop device).
+pub type MountRootfs = fn(&RootfsMount, &Path) -> Result<(), String>;
+
+static MOUNT_ROOTFS: OnceLock<MountRootfs> = OnceLock::new();
+
+/// Says how this process makes rootfs mounts; once, before the first container.
+pub fn set_rootfs_mounter(mount: MountRootfs) {
+    let _ = MOUNT_ROOTFS.set(mount);
+}
+
+/// Makes `m` at `target` with the process's [`MountRootfs`], on a blocking thread.
 async fn mount_rootfs(m: &RootfsMount, target: &Path) -> Result<(), String> {
-    let (kind, source, options) = (m.kind.clone(), m.source.clone(), m.options.clone());
-    let target = target.to_path_buf();
-    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
-    let (kind, source) = (some(&kind), some(&source));
-    tokio::task::spawn_blocking(move || {
-        containerd_shim::mount::mount_rootfs(kind.as_deref(), source.as_deref(), &options, &target)
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| format!("the mount's thread failed: {e}"))?
+    let Some(mount) = MOUNT_ROOTFS.get().copied() else {
+        return Err("this process cannot mount a container's rootfs: it set no \
+                    rootfs mounter (kata_sandbox::host_mounts::set_rootfs_mounter)"
+            .into());
+    };
+    let (m, target) = (m.clone(), target.to_path_buf());
+    tokio::task::spawn_blocking(move || mount(&m, &target))
+        .await
+        .map_err(|e| format!("the mount's thread failed: {e}"))?
 }

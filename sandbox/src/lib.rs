@@ -11,6 +11,7 @@
 
 pub mod block;
 pub mod cgroup;
+pub mod exits;
 pub mod full_disk;
 pub mod host_mounts;
 pub mod kubelet_volume;

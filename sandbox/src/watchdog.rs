@@ -1,18 +1,18 @@
 //! Watches the processes a sandbox depends on (the VMM and its helpers) and says which
 //! ended first and how.
 //!
-//! Event-driven, no polling. The shim's own children (a cold start's VMM and helpers):
-//! the shim's SIGCHLD reaper (containerd-shim's) reaps every child and announces each
-//! exit on its monitor; the watchdog subscribes to those announcements, then checks once
+//! Event-driven, no polling. The host process's own children (a cold start's VMM and
+//! helpers): its reaper reaps every child and announces each exit ([`crate::exits`]);
+//! the watchdog subscribes to those announcements, then checks once
 //! that every watched process is still alive, so an exit between the start of the VM
 //! and the subscription is not missed. Processes of another parent (a pooled VM's, the
 //! VM factory's children): a pidfd each ([`first_exit_of_others`]).
 
 use std::time::Duration;
 
-use containerd_shim::asynchronous::monitor::{monitor_subscribe, monitor_unsubscribe};
-use containerd_shim::monitor::{Subject, Topic};
 use procinfo::pid::zombie_status;
+
+use crate::exits;
 
 /// A process the sandbox cannot live without.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,20 +58,15 @@ pub fn exited(watched: &[Watched]) -> Option<String> {
 /// Waits until one of `watched` exits; returns a sentence saying which and how, e.g.
 /// `the VMM qemu-system-x86 (pid 812) was killed by signal 9`.
 pub async fn first_exit(watched: Vec<Watched>) -> String {
-    let mut sub = match monitor_subscribe(Topic::Pid).await {
-        Ok(s) => s,
-        Err(e) => return format!("the sandbox's processes cannot be watched: {e}"),
-    };
+    let mut sub = exits::subscribe();
     let ended = async {
         if let Some(why) = exited(&watched) {
             return why;
         }
         while let Some(ev) = sub.rx.recv().await {
-            let Subject::Pid(pid) = ev.subject else {
-                continue;
-            };
+            let pid = ev.pid;
             if let Some(w) = watched.iter().find(|w| w.pid == pid) {
-                let first = format!("{} (pid {pid}) {}", w.what, describe(ev.exit_code));
+                let first = format!("{} (pid {pid}) {}", w.what, describe(ev.code));
                 return match watched.iter().find(|v| v.is_vmm() && v.pid != pid) {
                     Some(vmm) => vmm_exit_within_grace(&mut sub.rx, vmm)
                         .await
@@ -80,10 +75,10 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
                 };
             }
         }
-        "the shim's exit monitor stopped; the sandbox's processes are no longer watched".into()
+        "the exit announcements stopped; the sandbox's processes are no longer watched".into()
     }
     .await;
-    let _ = monitor_unsubscribe(sub.id).await;
+    drop(sub);
     ended
 }
 
@@ -91,18 +86,18 @@ pub async fn first_exit(watched: Vec<Watched>) -> String {
 /// closes its sockets before it has finished exiting, so a helper, seeing them close,
 /// may end first; the VMM is the cause then.
 async fn vmm_exit_within_grace(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<containerd_shim::monitor::ExitEvent>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<exits::Exit>,
     vmm: &Watched,
 ) -> Option<String> {
     let deadline = tokio::time::Instant::now() + VMM_EXIT_GRACE;
     loop {
         let ev = tokio::time::timeout_at(deadline, rx.recv()).await.ok()??;
-        if matches!(ev.subject, Subject::Pid(pid) if pid == vmm.pid) {
+        if ev.pid == vmm.pid {
             return Some(format!(
                 "{} (pid {}) {}",
                 vmm.what,
                 vmm.pid,
-                describe(ev.exit_code)
+                describe(ev.code)
             ));
         }
     }
@@ -308,9 +303,7 @@ mod tests {
         // What the shim's SIGCHLD reaper does when the helper is killed.
         helper.kill().unwrap();
         helper.wait().unwrap();
-        containerd_shim::asynchronous::monitor::monitor_notify_by_pid(helper_pid, 137)
-            .await
-            .unwrap();
+        exits::announce(helper_pid, 137);
         let why = tokio::time::timeout(std::time::Duration::from_secs(5), watch)
             .await
             .expect("the exit ends the watch")
@@ -326,7 +319,6 @@ mod tests {
     #[tokio::test]
     async fn a_helper_whose_exit_the_reaper_announces_just_before_the_vmms_does_not_take_the_blame()
     {
-        use containerd_shim::asynchronous::monitor::monitor_notify_by_pid;
         let sleep = || {
             std::process::Command::new("sleep")
                 .arg("100")
@@ -349,11 +341,11 @@ mod tests {
         // The reaper announces the helper (status 0) 50 ms before the killed VMM.
         helper.kill().unwrap();
         helper.wait().unwrap();
-        monitor_notify_by_pid(helper_pid, 0).await.unwrap();
+        exits::announce(helper_pid, 0);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         vmm.kill().unwrap();
         vmm.wait().unwrap();
-        monitor_notify_by_pid(vmm_pid, 137).await.unwrap();
+        exits::announce(vmm_pid, 137);
         let why = tokio::time::timeout(std::time::Duration::from_secs(5), watch)
             .await
             .expect("the exits end the watch")

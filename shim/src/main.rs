@@ -117,6 +117,7 @@ fn run_daemon() -> ExitCode {
     agent_client::observe_requests(|op, took| {
         kata_sandbox::metrics::METRICS.agent_request(op, took)
     });
+    kata_sandbox::host_mounts::set_rootfs_mounter(task::mount_rootfs);
     let config = containerd_shim::Config {
         // The shim logs with slog into the bundle's log fifo itself.
         no_setup_logger: true,

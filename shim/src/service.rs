@@ -7,8 +7,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use containerd_shim::asynchronous::monitor::monitor_subscribe;
 use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::asynchronous::{ExitSignal, Shim};
+use containerd_shim::monitor::{Subject, Topic};
 use containerd_shim::{Config, Error as ShimError, Flags, StartOpts};
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::MessageField;
@@ -109,6 +111,25 @@ fn wait_gone(pid: i32, limit: Duration) -> bool {
     }
 }
 
+/// Relays every exit containerd-shim's SIGCHLD reaper announces to the sandbox library
+/// ([`kata_sandbox::exits`]), where the watchdog and the network helpers wait for them.
+async fn relay_exits() {
+    match monitor_subscribe(Topic::Pid).await {
+        Ok(mut sub) => {
+            tokio::spawn(async move {
+                while let Some(ev) = sub.rx.recv().await {
+                    if let Subject::Pid(pid) = ev.subject {
+                        kata_sandbox::exits::announce(pid, ev.exit_code);
+                    }
+                }
+            });
+        }
+        // Without them a dead VMM goes unnoticed until the next request fails: say so
+        // where containerd logs the shim's stderr.
+        Err(e) => eprintln!("containerd-shim-kata-v2: no exit announcements from the reaper: {e}"),
+    }
+}
+
 fn other(msg: String) -> ShimError {
     ShimError::Other(msg)
 }
@@ -118,6 +139,7 @@ impl Shim for Service {
     type T = TaskService;
 
     async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        relay_exits().await;
         Service {
             id: args.id.clone(),
             namespace: args.namespace.clone(),

@@ -1,19 +1,15 @@
 //! Short host commands the shim runs (`nft`, `iptables`), waited for by pid.
 //!
-//! The shim's SIGCHLD reaper (containerd-shim's) reaps every child, so `Child::wait` may
-//! find its child gone. A command here is waited for as the watchdog waits for the VMM:
-//! subscribed to the reaper's exit announcements before it starts, and reaped directly
-//! when it is still ours (unit tests have no reaper).
+//! The host process's reaper (the shim's SIGCHLD reaper) reaps every child, so
+//! `Child::wait` may find its child gone. A command here is waited for as the watchdog
+//! waits for the VMM: subscribed to the reaper's exit announcements ([`crate::exits`])
+//! before it starts, and reaped directly when it is still ours (unit tests have no reaper).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use containerd_shim::asynchronous::monitor::{
-    monitor_subscribe, monitor_unsubscribe, Subscription,
-};
-use containerd_shim::monitor::{Subject, Topic};
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -44,7 +40,7 @@ pub async fn run(
     stdin: Vec<u8>,
     netns: Option<&Path>,
 ) -> std::io::Result<Finished> {
-    let mut sub = monitor_subscribe(Topic::Pid).await.ok();
+    let mut sub = crate::exits::subscribe();
     let program = program.to_string();
     let args = args.to_vec();
     let netns: Option<PathBuf> = netns.map(Path::to_path_buf);
@@ -77,19 +73,17 @@ pub async fn run(
     .await
     .map_err(std::io::Error::other)?;
     let result = match spawned {
-        Ok((pid, stderr)) => wait(pid, sub.as_mut())
+        Ok((pid, stderr)) => wait(pid, &mut sub)
             .await
             .map(|status| Finished { status, stderr }),
         Err(e) => Err(e),
     };
-    if let Some(s) = sub {
-        let _ = monitor_unsubscribe(s.id).await;
-    }
+    drop(sub);
     result
 }
 
 /// Waits for `pid` to exit: reaped here, or announced by the reaper on `sub`.
-async fn wait(pid: i32, mut sub: Option<&mut Subscription>) -> std::io::Result<i32> {
+async fn wait(pid: i32, sub: &mut crate::exits::Subscription) -> std::io::Result<i32> {
     let deadline = tokio::time::Instant::now() + COMMAND_TIMEOUT;
     loop {
         match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
@@ -107,15 +101,10 @@ async fn wait(pid: i32, mut sub: Option<&mut Subscription>) -> std::io::Result<i
                 format!("pid {pid} did not exit within {COMMAND_TIMEOUT:?}"),
             ));
         }
-        match sub.as_deref_mut() {
-            Some(s) => {
-                if let Ok(Some(ev)) = tokio::time::timeout(POLL, s.rx.recv()).await {
-                    if matches!(ev.subject, Subject::Pid(p) if p == pid) {
-                        return Ok(ev.exit_code);
-                    }
-                }
+        if let Ok(Some(ev)) = tokio::time::timeout(POLL, sub.rx.recv()).await {
+            if ev.pid == pid {
+                return Ok(ev.code);
             }
-            None => tokio::time::sleep(POLL).await,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! undoes the container's host mounts, and the sandbox when it was booted for it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -310,4 +310,18 @@ fn rootfs_mount(m: &containerd_shim_protos::api::Mount) -> kata_sandbox::spec::R
         source: m.source.clone(),
         options: m.options.clone(),
     }
+}
+
+/// Makes one of containerd's rootfs mounts at `target` as containerd's shims do
+/// (containerd-shim's `mount_rootfs`): the sandbox library's
+/// [`kata_sandbox::host_mounts::MountRootfs`] for this process.
+pub fn mount_rootfs(
+    m: &kata_sandbox::spec::RootfsMount,
+    target: &Path,
+) -> std::result::Result<(), String> {
+    fn some(s: &str) -> Option<&str> {
+        (!s.is_empty()).then_some(s)
+    }
+    containerd_shim::mount::mount_rootfs(some(&m.kind), some(&m.source), &m.options, target)
+        .map_err(|e| e.to_string())
 }

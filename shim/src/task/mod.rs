@@ -22,6 +22,8 @@ mod state;
 mod tests;
 mod watch;
 
+pub use create::mount_rootfs;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
