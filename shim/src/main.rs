@@ -2,9 +2,11 @@
 //!
 //! containerd runs it with `start` (spawn or find the sandbox's daemon), `delete` (clean
 //! up after a dead daemon), or as the daemon that serves the Task API over ttrpc. `start`
-//! and `delete` are ours; the daemon runs on containerd's shim crate. The host side of a
-//! sandbox (cgroup, mounts, network, watchdog, persisted state, the VM pool's claim) is
-//! the `kata-sandbox` library, shared with the VM-pool factory (`kata-vm-factory`).
+//! and `delete` are ours; the daemon runs on containerd's shim crate. This crate only
+//! translates: containerd's requests, options, mounts and messages onto the `kata-sandbox`
+//! library, which owns the sandbox's life (boot, pooled VMs, containers' host side,
+//! resize, metrics, teardown), and the library's answers and exits back into containerd's
+//! terms (task states, events, stdio).
 
 mod container;
 mod events;
