@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! /run/vc/sbs/<sandbox>/persist.json        sandbox states (the shim's, for delete)
+//! /run/vc/sbs/<sandbox>/shim-monitor.sock   the sandbox's /metrics (kata-monitor scrapes)
 //! /run/vc/vm/<vm>/                          a VM's run directory: sockets, logs
 //! /run/vc/ids/                              uid claims of sandboxed host processes
 //! /run/vc/pool/                             the VM factory's pool (configurable)
@@ -23,6 +24,10 @@ pub const RUN_ROOT: &str = "/run/vc";
 /// `/run/vc`). Never for the uid claims ([`ID_CLAIMS_DIR`]), which every sandbox of the
 /// host shares. containerd passes its environment to the shims it starts.
 pub const RUN_ROOT_ENV: &str = "KATA_TEST_RUN_VC";
+
+/// The shim's metrics socket in its sandbox's state directory, where Kata's monitor (and
+/// ours) looks: `<SANDBOX_STATES>/<sandbox>/shim-monitor.sock`.
+pub const METRICS_SOCKET: &str = "shim-monitor.sock";
 
 /// The persisted sandbox states, `<RUN_ROOT>/sbs`.
 pub const SANDBOX_STATES: &str = "/run/vc/sbs";

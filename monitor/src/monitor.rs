@@ -17,9 +17,6 @@ use promtext::{Exposition, Kind, Limits, Sample};
 
 use crate::log::{debug, warning};
 
-/// The shim's metrics socket in its sandbox directory (where Kata's monitor looks).
-pub const SOCKET_NAME: &str = "shim-monitor.sock";
-
 /// The most a shim's answer may hold.
 const MAX_BODY: usize = 16 << 20;
 
@@ -34,7 +31,7 @@ pub fn sandboxes(dir: &Path) -> Vec<String> {
         .flatten()
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|e| std::fs::symlink_metadata(e.path().join(SOCKET_NAME)).is_ok())
+        .filter(|e| std::fs::symlink_metadata(e.path().join(layout::METRICS_SOCKET)).is_ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     ids.sort();
@@ -212,7 +209,7 @@ impl Monitor {
         let ids = self.sandboxes();
         let mut shims = tokio::task::JoinSet::new();
         for (i, id) in ids.iter().enumerate() {
-            let socket = self.sandboxes_dir.join(id).join(SOCKET_NAME);
+            let socket = self.sandboxes_dir.join(id).join(layout::METRICS_SOCKET);
             let deadline = self.shim_timeout;
             shims.spawn(async move {
                 let t = Instant::now();

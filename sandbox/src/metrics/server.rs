@@ -21,8 +21,6 @@ use tokio::task::JoinHandle;
 
 use super::SandboxSource;
 
-/// The socket's name in the sandbox's state directory (Kata's).
-pub const SOCKET_NAME: &str = "shim-monitor.sock";
 /// The longest request head read.
 const MAX_REQUEST: usize = 8192;
 /// Scrapes served at once.
@@ -34,7 +32,7 @@ const REFUSAL_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The socket of sandbox `id`.
 pub fn socket_path(id: &str) -> PathBuf {
-    crate::persist::state_dir(id).join(SOCKET_NAME)
+    crate::persist::state_dir(id).join(layout::METRICS_SOCKET)
 }
 
 /// The running server; it stops when dropped (the socket file stays until the sandbox's
@@ -234,7 +232,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_root_only_and_bounds_its_clients() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(SOCKET_NAME);
+        let path = dir.path().join(layout::METRICS_SOCKET);
         let server = start(&path, Arc::new(|| None)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -40,10 +40,12 @@ use agent_client::{Agent, AgentError, KataAgent};
 mod adopt;
 mod boot;
 mod undo;
+mod update;
 
 pub use boot::LaunchError;
 pub use undo::cleanup_host;
 use undo::{stop_vm, Progress};
+pub use update::UpdateError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -359,28 +361,6 @@ impl Sandbox {
         }
     }
 
-    /// Records what the VM may become on a resize; it is its boot size now.
-    pub fn set_room(&self, room: crate::resize::Room) {
-        let now = room.boot_size();
-        *self.room.lock().unwrap_or_else(|e| e.into_inner()) = Some((room, now));
-    }
-
-    /// What the VM may become, and its size now.
-    pub fn room(&self) -> Option<(crate::resize::Room, crate::resize::Needed)> {
-        self.room.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Records the VM's size after a resize.
-    pub fn resized(&self, plan: &crate::resize::Plan) {
-        if let Some((_, now)) = self.room.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            *now = plan.to;
-        }
-        // What an OOM kill of the VMM is measured against from now on.
-        let mut pod = self.pod_memory.lock().unwrap_or_else(|e| e.into_inner());
-        pod.vm_mib = plan.to.memory_mib;
-        pod.limits_bytes = plan.pod.memory_mib.map_or(0, |m| m << 20);
-    }
-
     /// Whether the sandbox runs on a VM claimed from the factory's pool.
     pub fn pooled(&self) -> bool {
         self.lock_state().pooled.is_some()
@@ -562,34 +542,6 @@ impl Sandbox {
     }
 
     /// Undoes the host side of a container (its mounts on the share).
-    /// Moves the VM to `change` (an in-place resize, [`crate::resize`]): the agent brings
-    /// vCPUs online or offline, the hypervisor gives the pod memory or takes it back.
-    pub async fn resize_vm(&self, change: crate::resize::Change) -> Result<(), String> {
-        if let Some(n) = change.vcpus {
-            let online = self
-                .agent
-                .set_online_cpus(n)
-                .await
-                .map_err(|e| format!("bringing the VM to {n} vCPUs: {e}"))?;
-            if online != n {
-                return Err(format!(
-                    "bringing the VM to {n} vCPUs: the guest has {online} online"
-                ));
-            }
-        }
-        if let Some(mib) = change.memory_mib {
-            let mut vm = self.vm.lock().await;
-            let Some(vm) = vm.as_mut() else {
-                return Err("the VM is not running".into());
-            };
-            vm.resize_memory(mib)
-                .await
-                .map_err(|e| format!("giving the pod {mib} MiB of the VM: {e}"))?;
-        }
-        info!(self.log, "VM resized"; "vcpus" => change.vcpus, "memory_mib" => change.memory_mib);
-        Ok(())
-    }
-
     pub fn remove_container_host(&self, mounts: &[PathBuf], share_dir: &Path) {
         self.host_mounts.teardown(mounts, share_dir);
         self.remove_mounts(mounts);

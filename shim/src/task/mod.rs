@@ -42,8 +42,9 @@ use crate::container::{ExecRefused, Status};
 use crate::events::{timestamp, Events};
 use crate::io::StdioPaths;
 use crate::launch::Launcher;
+use kata_sandbox::sandbox::UpdateError;
 use reach::{to_completion, Contact};
-use state::{agent_err, failed, status, unimplemented, Result, State};
+use state::{agent_err, failed, not_found, status, unimplemented, Result, State};
 
 pub struct TaskService {
     inner: Arc<Inner>,
@@ -519,15 +520,16 @@ impl Task for TaskService {
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> Result<Empty> {
         let _timer = self.inner.request("update");
         self.inner.settled(&req.id).await;
-        let (agent, members, sandbox) = {
+        let (sandbox, members) = {
             let st = self.inner.lock();
             st.container(&req.id)?;
+            let sandbox = st.sandbox.clone().ok_or_else(|| not_found(&req.id, ""))?;
             let members: Vec<_> = st
                 .containers
                 .iter()
                 .map(|(id, c)| (id.clone(), c.bundle.clone(), c.given))
                 .collect();
-            (st.agent(&req.id)?, members, st.sandbox.clone())
+            (sandbox, members)
         };
         // containerd sends the OCI LinuxResources as JSON inside the Any.
         let resources = req
@@ -541,9 +543,6 @@ impl Task for TaskService {
                 "update carries no resources",
             ));
         }
-        // A resize past what the VM can be is refused, not accepted and not given; within
-        // it, the VM grows before the container's limits do and shrinks after (issue 43).
-        let limits = kata_sandbox::resize::limits_of(&resources);
         let members: Vec<_> = members
             .iter()
             .map(|(id, bundle, given)| kata_sandbox::resize::Member {
@@ -552,39 +551,19 @@ impl Task for TaskService {
                 given: *given,
             })
             .collect();
-        let room = sandbox.as_ref().and_then(|sb| sb.room());
-        let plan = kata_sandbox::resize::check(&req.id, limits, &members, room)
-            .map_err(|e| status(Code::FAILED_PRECONDITION, e.to_string()))?;
         info!(self.inner.log, "update"; "container" => &req.id);
-        let resize_vm = |change: kata_sandbox::resize::Change| {
-            let sandbox = sandbox.clone();
-            async move {
-                match sandbox {
-                    Some(sb) if !change.is_empty() => sb.resize_vm(change).await,
-                    _ => Ok(()),
-                }
-            }
-        };
-        if let Some(plan) = &plan {
-            resize_vm(plan.grow())
-                .await
-                .map_err(|e| status(Code::FAILED_PRECONDITION, e))?;
-        }
-        agent
-            .update_container(&req.id, resources.clone())
+        let limits = sandbox
+            .update_container(&req.id, resources, &members)
             .await
-            .map_err(agent_err)?;
-        if let Some(plan) = &plan {
-            resize_vm(plan.shrink())
-                .await
-                .map_err(|e| status(Code::INTERNAL, e))?;
-        }
+            .map_err(|e| match e {
+                UpdateError::Refused(_) | UpdateError::Grow(_) => {
+                    status(Code::FAILED_PRECONDITION, e.to_string())
+                }
+                UpdateError::Agent(e) => agent_err(e),
+                UpdateError::Shrink(_) => status(Code::INTERNAL, e.to_string()),
+            })?;
         if let Some(c) = self.inner.lock().containers.get_mut(&req.id) {
             c.given = Some(limits);
-        }
-        if let (Some(plan), Some(sb)) = (plan, &sandbox) {
-            sb.resized(&plan);
-            kata_sandbox::metrics::METRICS.set_vm_size(plan.to.vcpus, plan.to.memory_mib as u32);
         }
         Ok(Empty::new())
     }
