@@ -229,29 +229,9 @@ fn shared_mounts(text: &str) -> Vec<(String, String)> {
             let (_src, mp, fstype) = (f.next()?, f.next()?, f.next()?);
             SHARED_FS_TYPES
                 .contains(&fstype)
-                .then(|| (unescape_mount(mp), fstype.to_string()))
+                .then(|| (procinfo::mounts::unescape(mp), fstype.to_string()))
         })
         .collect()
-}
-
-/// `/proc/self/mounts` writes space, tab, newline and backslash as octal escapes.
-fn unescape_mount(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() {
-            let octal = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
-            if let Some(v) = octal.and_then(|o| u8::from_str_radix(o, 8).ok()) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn write_fs(out: &mut Exposition, fs: &[FsUsage]) {

@@ -1,8 +1,9 @@
 //! What `/proc` says about a process and the machine, read the same way in the guest (the
 //! agent's own figures) and on the host (the shim's VMM and helpers), and written as
-//! Prometheus families under Kata's names. [`pid`]: processes by pid (running or how it
+//! Prometheus families under Kata's names. [`mounts`]: the mount tables' escapes. [`pid`]: processes by pid (running or how it
 //! ended, process group, who names a path), for the hypervisor crate and the shim.
 
+pub mod mounts;
 pub mod pid;
 
 use promtext::Exposition;

@@ -171,7 +171,7 @@ impl Hierarchies {
                 _ => continue,
             };
             let hierarchy = Hierarchy {
-                root: PathBuf::from(unescape(mount_point)),
+                root: PathBuf::from(procinfo::mounts::unescape(mount_point)),
                 kind,
             };
             let whole = *mount_root == "/";
@@ -214,30 +214,6 @@ impl Hierarchies {
         }
         Ok(cg)
     }
-}
-
-/// A mountinfo path field: space, tab, newline and backslash come octal-escaped.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
-            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
-        match octal {
-            Some(b) => {
-                out.push(b);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Makes the cgroup `cgroups_path` in the host's hierarchies. All or nothing.

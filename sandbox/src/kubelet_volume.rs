@@ -191,7 +191,7 @@ pub fn tmpfs_size_at(mountinfo: &str, path: &Path) -> Option<u64> {
     let top = mountinfo.lines().rev().find(|l| {
         l.split(' ')
             .nth(4)
-            .is_some_and(|p| Path::new(&crate::mount::unescape_mountinfo(p)) == path)
+            .is_some_and(|p| Path::new(&procinfo::mounts::unescape(p)) == path)
     })?;
     // Optional fields end at " - ", then the fs type, the source and the super options.
     let (_, after) = top.split_once(" - ")?;

@@ -419,32 +419,13 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = text
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
+        .map(procinfo::mounts::unescape)
         .map(PathBuf::from)
         .filter(|p| p.starts_with(root))
         .collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-pub(crate) fn unescape_mountinfo(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Removes `dir` recursively, but only when nothing is mounted at or below it: removing
@@ -470,13 +451,6 @@ pub fn remove_dir_if_unmounted(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_octal_escapes_are_decoded() {
-        assert_eq!(unescape_mountinfo(r"/a\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo(r"/tail\"), r"/tail\");
-    }
 
     /// A scratch tree under /run (a tmpfs on the host) with its own mounts, all
     /// unmounted and removed on drop, even when the test fails.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::MessageField;
-use kata_sandbox::sandbox::{Sandbox, SandboxError};
+use kata_sandbox::sandbox::Sandbox;
 use kata_sandbox::spec::SandboxSpec;
 use slog::Logger;
 
@@ -20,21 +20,9 @@ pub enum LaunchError {
     /// The configuration is wrong: the user must fix a file or an option.
     #[error("{0}")]
     Config(#[from] OptionsError),
-    /// The pod's resources cannot be met or read.
+    /// The pod cannot be sized, or its VM did not come up.
     #[error(transparent)]
-    Size(kata_sandbox::sizing::SizingError),
-    /// The VM did not come up.
-    #[error(transparent)]
-    Boot(SandboxError),
-}
-
-impl From<kata_sandbox::sandbox::LaunchError> for LaunchError {
-    fn from(e: kata_sandbox::sandbox::LaunchError) -> Self {
-        match e {
-            kata_sandbox::sandbox::LaunchError::Size(e) => LaunchError::Size(e),
-            kata_sandbox::sandbox::LaunchError::Boot(e) => LaunchError::Boot(e),
-        }
-    }
+    Sandbox(#[from] kata_sandbox::sandbox::LaunchError),
 }
 
 #[async_trait]

@@ -17,6 +17,7 @@ use super::Inner;
 use crate::container::{Container, Process};
 use crate::io::{Relays, StdioPaths};
 use crate::launch::LaunchError;
+use kata_sandbox::sandbox::LaunchError as SandboxLaunch;
 use kata_sandbox::sandbox::{ContainerError, Sandbox};
 use kata_sandbox::spec;
 
@@ -210,11 +211,11 @@ impl Inner {
             .await
             .map_err(|e| match e {
                 LaunchError::Config(e) => status(Code::INVALID_ARGUMENT, e.to_string()),
-                LaunchError::Size(e) => status(
+                LaunchError::Sandbox(SandboxLaunch::Size(e)) => status(
                     Code::INVALID_ARGUMENT,
                     format!("sizing VM sandbox {}: {e}", self.sandbox_id),
                 ),
-                LaunchError::Boot(e) => status(
+                LaunchError::Sandbox(SandboxLaunch::Boot(e)) => status(
                     Code::UNKNOWN,
                     format!("creating VM sandbox {}: {e}", self.sandbox_id),
                 ),
