@@ -1,7 +1,7 @@
 //! One container: its init process, exec'd processes, cgroup, and the start handshake.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,7 +33,9 @@ pub struct Container {
     shared_pid_ns: bool,
     /// Then the mount namespace of its init process, if it has one of its own: with its
     /// cgroup, how [`Container::end_orphans`] finds what the init process leaves running.
-    own_mnt_ns: Option<NsId>,
+    /// Held open until then, so that its identity cannot pass to another namespace; the
+    /// lock makes a second caller wait until the first is done.
+    own_mnt_ns: Mutex<Option<PinnedNs>>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pending: Mutex<Option<PendingStart>>,
     /// The syncs of its watched volumes (see `volume`), stopped with it.
@@ -54,7 +56,7 @@ impl Container {
             seccomp: None,
             devpts: None,
             shared_pid_ns: false,
-            own_mnt_ns: None,
+            own_mnt_ns: Mutex::new(None),
             execs: Mutex::new(HashMap::new()),
             pending: Mutex::new(pending),
             volumes: Default::default(),
@@ -84,11 +86,10 @@ impl Container {
     pub fn with_pid_namespace(mut self, own_pid_ns: bool) -> Container {
         self.shared_pid_ns = !own_pid_ns;
         if !own_pid_ns {
-            let mnt = NsId::of(self.init.pid, "mnt");
             // The agent's own mount namespace is no container's.
-            if mnt != NsId::of(std::process::id() as i32, "mnt") {
-                self.own_mnt_ns = mnt;
-            }
+            let mnt = PinnedNs::open(self.init.pid, "mnt")
+                .filter(|ns| Some(ns.id) != NsId::of(std::process::id() as i32, "mnt"));
+            self.own_mnt_ns = Mutex::new(mnt);
         }
         self
     }
@@ -98,10 +99,17 @@ impl Container {
     /// its mount namespace. (With its own PID namespace the kernel does that when the
     /// init process dies.) Without it, what the init process left running would keep the
     /// container's output open and the container alive in all but its init process.
+    ///
+    /// The first call lets go of the mount namespace's pin when it is done: once the
+    /// namespace is gone, the kernel may give its inode to a namespace another
+    /// container's stage is making right now, whose processes are not this container's.
+    /// Later calls (WaitProcess may come again, or twice at once) wait for the first and
+    /// look at the cgroup alone.
     pub async fn end_orphans(&self, log: &Logger) {
         if !self.shared_pid_ns {
             return;
         }
+        let mut mnt = self.own_mnt_ns.lock().await;
         // A few rounds: a process may fork while we look.
         for _ in 0..10 {
             let mut pids: Vec<i32> = self
@@ -109,14 +117,14 @@ impl Container {
                 .as_deref()
                 .and_then(|dir| cgroup::pids(dir).ok())
                 .unwrap_or_default();
-            if let Some(mnt) = self.own_mnt_ns {
-                pids.extend(mnt.members());
+            if let Some(mnt) = mnt.as_ref() {
+                pids.extend(mnt.id.members());
             }
             pids.retain(|&p| p != self.init.pid && p != std::process::id() as i32);
             pids.sort_unstable();
             pids.dedup();
             if pids.is_empty() {
-                return;
+                break;
             }
             warn!(log, "the container's init process exited; killing what it left running";
                 "container_id" => &self.id, "pids" => ?pids);
@@ -125,6 +133,7 @@ impl Container {
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        mnt.take();
     }
 
     /// Where a terminal for a process of this container is opened.
@@ -139,10 +148,34 @@ impl Container {
         let pending = self.pending.lock().await.take().ok_or_else(|| {
             AgentError::FailedPrecondition(format!("container {} was already started", self.id))
         })?;
-        nix::unistd::write(&pending.start, b"s")
-            .map_err(|e| AgentError::Internal(format!("start container {}: {e}", self.id)))?;
+        match nix::unistd::write(&pending.start, b"s") {
+            Ok(_) => {}
+            Err(nix::Error::EPIPE) => return Err(self.ended_before_start().await),
+            Err(e) => {
+                return Err(AgentError::Internal(format!(
+                    "start container {}: {e}",
+                    self.id
+                )))
+            }
+        }
         drop(pending.start);
         process::wait_exec(log, pending.sync).await
+    }
+
+    /// Why a container whose init process closed its start pipe cannot start: it was
+    /// killed (or died) while it waited. Its exit status is on its way from the reaper.
+    async fn ended_before_start(&self) -> AgentError {
+        let wait = tokio::time::timeout(std::time::Duration::from_secs(1), self.init.wait());
+        let status = match wait.await {
+            Ok(status) if status > 128 => format!(" (killed by signal {})", status - 128),
+            Ok(status) => format!(" (exit status {status})"),
+            Err(_) => String::new(),
+        };
+        AgentError::FailedPrecondition(format!(
+            "container {}: its init process ended before it was started{status}; \
+             remove the container and create it again",
+            self.id
+        ))
     }
 
     pub async fn is_started(&self) -> bool {
@@ -287,6 +320,7 @@ impl Container {
             let _ = tokio::time::timeout(timeout, p.wait()).await;
         }
         oom.unwatch(&self.id);
+        self.own_mnt_ns.lock().await.take();
         if let Ok(mut v) = self.volumes.lock() {
             v.stop(log);
         }
@@ -301,7 +335,9 @@ impl Container {
     }
 }
 
-/// A namespace's identity: the device and inode of its `/proc/PID/ns/KIND` link.
+/// A namespace's identity: the device and inode of its `/proc/PID/ns/KIND` link. It is
+/// the namespace's only while the namespace lives: the inode of one that is gone can be
+/// given to the next one made (see [`PinnedNs`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct NsId {
     dev: u64,
@@ -311,10 +347,7 @@ struct NsId {
 impl NsId {
     fn of(pid: i32, kind: &str) -> Option<NsId> {
         let st = nix::sys::stat::stat(format!("/proc/{pid}/ns/{kind}").as_str()).ok()?;
-        Some(NsId {
-            dev: st.st_dev,
-            ino: st.st_ino,
-        })
+        Some(NsId::from(st))
     }
 
     /// The live processes in this mount namespace (zombies have none).
@@ -326,5 +359,28 @@ impl NsId {
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
             .filter(|&pid| NsId::of(pid, "mnt") == Some(self))
             .collect()
+    }
+}
+
+impl From<nix::sys::stat::FileStat> for NsId {
+    fn from(st: nix::sys::stat::FileStat) -> NsId {
+        NsId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+/// A namespace held open: it lives, and its identity stays its own, until this is dropped.
+struct PinnedNs {
+    id: NsId,
+    _file: std::fs::File,
+}
+
+impl PinnedNs {
+    fn open(pid: i32, kind: &str) -> Option<PinnedNs> {
+        let file = std::fs::File::open(format!("/proc/{pid}/ns/{kind}")).ok()?;
+        let id = NsId::from(nix::sys::stat::fstat(file.as_raw_fd()).ok()?);
+        Some(PinnedNs { id, _file: file })
     }
 }

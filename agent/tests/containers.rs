@@ -341,6 +341,40 @@ async fn clear_errors() {
         message(&err)
     );
 
+    // An init process killed while it waits for StartContainer: the start says so.
+    let rootfs = agent.rootfs("k");
+    agent
+        .create("k", agent.spec(&rootfs, &["true"], &[], "/"), false)
+        .await
+        .expect("create k");
+    let mut kill = SignalProcessRequest::new();
+    kill.container_id = "k".into();
+    kill.signal = 9;
+    agent
+        .client
+        .signal_process(common::ctx(), &kill)
+        .await
+        .expect("kill k's init");
+    assert_eq!(agent.wait("k", "").await, 137);
+    let err = agent
+        .start_container("k")
+        .await
+        .expect_err("k's init is gone");
+    assert_eq!(
+        code(&err),
+        Some(ttrpc::Code::FAILED_PRECONDITION),
+        "{}",
+        message(&err)
+    );
+    assert!(
+        message(&err).contains(
+            "container k: its init process ended before it was started (killed by signal 9)"
+        ),
+        "{}",
+        message(&err)
+    );
+    agent.remove("k").await.expect("remove k");
+
     let check = agent
         .client
         .check(common::ctx(), &Empty::new())
@@ -430,6 +464,28 @@ async fn init_exit_ends_a_container_that_shares_a_pid_namespace() {
         .expect("list holder")
         .pids;
     assert!(pids.contains(&holder_pid), "{pids:?}");
+
+    // The member's mount namespace is gone, and the kernel hands its inode number to the
+    // next namespace made. A container created now must not be taken for the member's
+    // leftovers when its init is waited for again (containerd does wait again).
+    let next_root = agent.rootfs("next");
+    agent
+        .create(
+            "next",
+            agent.spec(&next_root, &["echo", "next"], &[], "/"),
+            false,
+        )
+        .await
+        .expect("create next");
+    assert_eq!(agent.wait("member", "").await, 0);
+    let out = agent.read_all("next", "", false);
+    agent
+        .start_container("next")
+        .await
+        .expect("the container created after the member's exit still starts");
+    assert_eq!(agent.wait("next", "").await, 0);
+    assert_eq!(out.await.expect("stdout task"), b"next\n");
+    agent.remove("next").await.expect("remove next");
     agent.remove("member").await.expect("remove member");
     agent.remove("holder").await.expect("remove holder");
 }

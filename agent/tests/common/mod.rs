@@ -73,6 +73,18 @@ impl TestAgent {
             .map(|(pid, _, _)| pid)
     }
 
+    /// Waits (a few seconds at most) until the zygote has named itself: the agent forks
+    /// it first thing, but on a busy machine the child may not have run yet when the
+    /// agent listens, and until then it looks like a container process.
+    async fn await_zygote_name(&self) {
+        for _ in 0..200 {
+            if self.zygote_pid().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// (pid, comm, whole stat line) of each process whose parent is the agent.
     fn child_stats(&self) -> Vec<(u32, String, String)> {
         let agent = self.pid().to_string();
@@ -130,11 +142,13 @@ impl TestAgent {
             if sock.exists() {
                 if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
                     let client = AgentServiceClient::new(c);
-                    return TestAgent {
+                    let agent = TestAgent {
                         client,
                         dir,
                         _process: process,
                     };
+                    agent.await_zygote_name().await;
+                    return agent;
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
