@@ -84,8 +84,25 @@ impl Hypervisor for Adopted {
         };
         info!(self.logger, "stopping the adopted VM";
             "vmm_pid" => info.vmm_pid, "helper_pids" => format!("{:?}", info.helper_pids));
-        let mut survivors = kill_and_reap_async(vec![info.vmm_pid], STOP_GRACE).await;
-        survivors.extend(kill_and_reap_async(info.helper_pids.clone(), STOP_GRACE).await);
+        // Not our children, so not our zombies: a process that ended may have left its
+        // pid to a stranger already. Only one that names the VM's run directory is ours.
+        let run_dir = format!("{}/", self.run_dir.display());
+        let ours = |pids: &[i32]| -> Vec<i32> {
+            let (ours, others): (Vec<i32>, Vec<i32>) = pids
+                .iter()
+                .partition(|&&pid| procinfo::pid::mentions(pid, &run_dir));
+            let strangers: Vec<i32> = others
+                .into_iter()
+                .filter(|&pid| procinfo::pid::is_running(pid))
+                .collect();
+            if !strangers.is_empty() {
+                warn!(self.logger, "pids the VM had run other programs now; leaving them alone";
+                    "pids" => format!("{strangers:?}"));
+            }
+            ours
+        };
+        let mut survivors = kill_and_reap_async(ours(&[info.vmm_pid]), STOP_GRACE).await;
+        survivors.extend(kill_and_reap_async(ours(&info.helper_pids), STOP_GRACE).await);
         if let Err(e) = remove_files_in(&self.run_dir) {
             warn!(self.logger, "cannot remove the VM's run directory files";
                 "dir" => self.run_dir.display(), "error" => e.to_string());
@@ -145,6 +162,58 @@ mod tests {
         crate::process::spawn_grandchild(&format!("setsid {cmd}"))
     }
 
+    /// A child killed and reaped when dropped, also when the test fails.
+    struct Killed(std::process::Child);
+
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A stand-in for a VM's process: `tail -f` of a file in its run directory, as a
+    /// [`grandchild`]. Dropped, it is killed if it still runs (and still is the stand-in)
+    /// and its `sh` reaped, also when the test fails.
+    struct Grandchild {
+        sh: std::process::Child,
+        pid: i32,
+        marker: String,
+    }
+
+    impl Grandchild {
+        /// Returns once `tail` runs: `setsid`, then `tail`, each exec, and between the two
+        /// the process shows no arguments (so neither a VM's process nor anything else).
+        fn start(cmd: &str, marker: &str) -> Grandchild {
+            let (sh, pid) = grandchild(cmd);
+            let started = Grandchild {
+                sh,
+                pid,
+                marker: marker.to_string(),
+            };
+            for _ in 0..1000 {
+                let argv0 = procinfo::pid::cmdline(pid).and_then(|a| a.into_iter().next());
+                if argv0.as_deref() == Some("tail") && procinfo::pid::mentions(pid, marker) {
+                    return started;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            panic!("{cmd} did not start");
+        }
+    }
+
+    impl Drop for Grandchild {
+        fn drop(&mut self) {
+            if procinfo::pid::mentions(self.pid, &self.marker) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = self.sh.wait();
+        }
+    }
+
     fn running(pid: i32) -> bool {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
             && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -154,15 +223,29 @@ mod tests {
 
     #[tokio::test]
     async fn stopping_ends_processes_of_another_parent_and_removes_the_run_files() {
-        let (mut vmm_parent, vmm) = grandchild("sleep 100");
-        let (mut helper_parent, helper) = grandchild("sleep 101");
         let run = tempfile::tempdir().unwrap();
         std::fs::write(run.path().join("console.log"), "booted\n").unwrap();
         std::fs::create_dir(run.path().join("keep")).unwrap();
+        // A VM's processes name its run directory in their arguments.
+        let log = run.path().join("console.log");
+        // (Their output goes nowhere: the pipe `grandchild` reads the pid from closes.)
+        let tail = format!("tail -f {} >/dev/null", log.display());
+        let marker = format!("{}/", run.path().display());
+        let vmm_proc = Grandchild::start(&tail, &marker);
+        let helper_proc = Grandchild::start(&tail, &marker);
+        let (vmm, helper) = (vmm_proc.pid, helper_proc.pid);
+        // A helper that ended, its pid given to a stranger since.
+        let stranger = Killed(
+            std::process::Command::new("sleep")
+                .arg("100")
+                .spawn()
+                .unwrap(),
+        );
+        let stranger_pid = stranger.0.id() as i32;
         let info = VmInfo {
             agent_socket: run.path().join("agent.sock"),
             vmm_pid: vmm,
-            helper_pids: vec![helper],
+            helper_pids: vec![helper, stranger_pid],
             console_log: run.path().join("console.log"),
             vmm_log: run.path().join("qemu.log"),
             accelerator: "tcg".into(),
@@ -173,18 +256,22 @@ mod tests {
             None,
             crate::discard_logger(),
         );
-        assert_eq!(vm.pids(), vec![vmm, helper]);
+        assert_eq!(vm.pids(), vec![vmm, helper, stranger_pid]);
         assert!(matches!(
             vm.start_vm(&VmConfig::default()).await,
             Err(Error::AlreadyRunning(p)) if p == vmm
         ));
         vm.stop_vm().await.expect("stopped");
         assert!(!running(vmm) && !running(helper));
+        assert!(
+            running(stranger_pid),
+            "a stranger with a recorded pid was killed"
+        );
+        drop(stranger);
         assert!(!run.path().join("console.log").exists());
         assert!(run.path().join("keep").is_dir(), "directories are left");
         assert!(vm.pids().is_empty());
         vm.stop_vm().await.expect("stopping twice is a no-op");
-        vmm_parent.wait().unwrap();
-        helper_parent.wait().unwrap();
+        drop((vmm_proc, helper_proc));
     }
 }

@@ -96,9 +96,17 @@ pub fn pids_mentioning(needle: &str) -> Vec<i32> {
     all()
         .unwrap_or_default()
         .into_iter()
-        .filter(|&pid| pid != me)
-        .filter(|&pid| cmdline(pid).is_some_and(|args| args.iter().any(|a| a.contains(needle))))
+        .filter(|&pid| pid != me && mentions(pid, needle))
         .collect()
+}
+
+/// Whether `pid` runs now and an argument of its command line holds `needle`. A pid
+/// written down earlier (in a state file, a pool's ready file) is checked with it before
+/// it is signalled: once its process has ended, the kernel may have given the number to
+/// a stranger (every 32,768 processes with the default `pid_max`). (A process in the
+/// instant after its execve shows no arguments yet: it passes only once it has them.)
+pub fn mentions(pid: i32, needle: &str) -> bool {
+    pid > 0 && cmdline(pid).is_some_and(|args| args.iter().any(|a| a.contains(needle)))
 }
 
 /// Every process, by the numbered entries of `/proc`; None when `/proc` cannot be read.
@@ -181,6 +189,30 @@ pub fn children(pid: i32) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pid_mentions_what_its_command_line_holds() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .expect("start sleep");
+        let pid = child.id() as i32;
+        // A process that has just called execve shows an empty command line until the
+        // kernel has set up its new stack.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !mentions(pid, "100") && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(mentions(pid, "100"));
+        assert!(!mentions(pid, "/run/vc/vm/"));
+        assert!(pids_mentioning("1000").contains(&pid));
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        // Gone: it mentions nothing any more.
+        assert!(!mentions(pid, "100"));
+        assert!(!mentions(0, ""));
+        assert!(!mentions(-1, ""));
+    }
 
     #[test]
     fn the_group_of_a_stat_line() {

@@ -113,7 +113,7 @@ impl PooledVm {
             return false;
         }
         let run_dir = format!("{}/", self.run_dir.display());
-        if !mentions(self.info.vmm_pid, &run_dir) {
+        if !procinfo::pid::mentions(self.info.vmm_pid, &run_dir) {
             return false;
         }
         self.pids()
@@ -139,16 +139,6 @@ impl PooledVm {
         )
         .map(Some)
     }
-}
-
-/// Whether process `pid`'s command line holds `needle`.
-fn mentions(pid: i32, needle: &str) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .any(|arg| String::from_utf8_lossy(arg).contains(needle))
-        })
-        .unwrap_or(false)
 }
 
 /// The pid the pool's pid file names, if the file is there and holds one.
@@ -354,7 +344,7 @@ pub fn cleanup(vm: &PooledVm) -> Leftovers {
         }
     }
     // A pid that no longer runs this VM (gone, or reused since) is left alone.
-    pids.retain(|&p| p > 0 && mentions(p, &run_dir));
+    pids.retain(|&p| procinfo::pid::mentions(p, &run_dir));
     let survivors = if pids.is_empty() {
         Vec::new()
     } else {

@@ -78,7 +78,7 @@ impl FakeVmm {
         // Until it has exec'd, its command line is this test's.
         let marker = format!("{}/", run_dir.display());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !mentions(vmm.pid(), &marker) {
+        while !procinfo::pid::mentions(vmm.pid(), &marker) {
             assert!(std::time::Instant::now() < deadline, "sh did not start");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }

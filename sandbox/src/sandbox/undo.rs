@@ -61,13 +61,23 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
     let run_dir = format!("{}/", layout::vm_run_root().join(state.vm_id()).display());
+    // A recorded pid whose process has ended since (a VMM that crashed with its shim) may
+    // have been given to a stranger by now: only a process that still names the sandbox's
+    // run directory is stopped.
+    pids.retain(|&pid| {
+        let ours = procinfo::pid::mentions(pid, &run_dir);
+        if !ours && procinfo::pid::is_running(pid) {
+            warn!(log, "a pid the sandbox recorded runs another program now; leaving it alone";
+                "pid" => pid);
+        }
+        ours
+    });
     for pid in procinfo::pid::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
             pids.push(pid);
         }
     }
-    pids.retain(|p| *p > 0);
     // First, while the VMM may still hold the pod's network namespace open: containerd
     // may have removed its path already.
     if let Some(net) = &state.network {
@@ -123,4 +133,74 @@ pub(super) fn mkdir(path: &Path) -> Result<(), SandboxError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Child, Command};
+
+    use super::*;
+
+    /// A child killed and reaped when dropped, also when the test fails.
+    struct Killed(Child);
+
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// `delete` after a crashed shim reads pids from persist.json. The process of one of
+    /// them ended long ago and its number went to a stranger: that stranger runs on, while
+    /// what names the sandbox's run directory is stopped.
+    #[tokio::test]
+    async fn cleanup_stops_the_sandboxs_processes_and_leaves_a_reused_pid_alone() {
+        let id = format!("undo-test-{}", std::process::id());
+        let run_dir = layout::vm_run_root().join(&id);
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let console = run_dir.join("console.log");
+        std::fs::write(&console, "").unwrap();
+        let vmm = Killed(
+            Command::new("tail")
+                .arg("-f")
+                .arg(&console)
+                .spawn()
+                .unwrap(),
+        );
+        let vmm_pid = vmm.0.id() as i32;
+        // As a VMM that has run for a while does, it shows its arguments (a process that
+        // has just called execve shows none yet).
+        let marker = format!("{}/", run_dir.display());
+        for _ in 0..1000 {
+            if procinfo::pid::mentions(vmm_pid, &marker) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            procinfo::pid::mentions(vmm_pid, &marker),
+            "the VMM's stand-in did not start"
+        );
+        let mut stranger = Killed(Command::new("sleep").arg("100").spawn().unwrap());
+        let state = SandboxState {
+            sandbox_id: id.clone(),
+            vmm_pid,
+            helper_pids: vec![stranger.0.id() as i32],
+            dirs: vec![run_dir.clone()],
+            ..Default::default()
+        };
+        cleanup_host(&state, &Logger::root(slog::Discard, slog::o!())).await;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let runs_on = procinfo::pid::is_running(vmm_pid);
+        if !runs_on {
+            // The clean-up reaped it: its pid is no longer ours to signal.
+            std::mem::forget(vmm);
+        }
+        assert!(!runs_on, "the process naming the run directory still runs");
+        assert!(
+            stranger.0.try_wait().unwrap().is_none(),
+            "a stranger holding a recorded pid was killed"
+        );
+    }
 }
