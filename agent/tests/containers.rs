@@ -246,21 +246,10 @@ async fn exec_signal_and_remove() {
         .pids;
     assert!(!pids.is_empty());
 
-    let mut sig = SignalProcessRequest::new();
-    sig.container_id = "x".into();
-    sig.signal = 9;
-    agent
-        .client
-        .signal_process(common::ctx(), &sig)
-        .await
-        .expect("signal");
+    agent.signal("x", 9).await.expect("signal");
     assert_eq!(agent.wait("x", "").await, 137);
     // Signalling an exited process is not an error.
-    agent
-        .client
-        .signal_process(common::ctx(), &sig)
-        .await
-        .expect("signal exited");
+    agent.signal("x", 9).await.expect("signal exited");
 
     agent.remove("x").await.expect("remove");
     for pid in pids {
@@ -347,14 +336,7 @@ async fn clear_errors() {
         .create("k", agent.spec(&rootfs, &["true"], &[], "/"), false)
         .await
         .expect("create k");
-    let mut kill = SignalProcessRequest::new();
-    kill.container_id = "k".into();
-    kill.signal = 9;
-    agent
-        .client
-        .signal_process(common::ctx(), &kill)
-        .await
-        .expect("kill k's init");
+    agent.signal("k", 9).await.expect("kill k's init");
     assert_eq!(agent.wait("k", "").await, 137);
     let err = agent
         .start_container("k")

@@ -88,13 +88,7 @@ impl Hypervisor for Adopted {
         // pid to a stranger already. Only one that names the VM's run directory is ours.
         let run_dir = format!("{}/", self.run_dir.display());
         let ours = |pids: &[i32]| -> Vec<i32> {
-            let (ours, others): (Vec<i32>, Vec<i32>) = pids
-                .iter()
-                .partition(|&&pid| procinfo::pid::mentions(pid, &run_dir));
-            let strangers: Vec<i32> = others
-                .into_iter()
-                .filter(|&pid| procinfo::pid::is_running(pid))
-                .collect();
+            let (ours, strangers) = procinfo::pid::ours_and_strangers(pids, &run_dir);
             if !strangers.is_empty() {
                 warn!(self.logger, "pids the VM had run other programs now; leaving them alone";
                     "pids" => format!("{strangers:?}"));
@@ -155,21 +149,12 @@ impl Hypervisor for Adopted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::KilledOnDrop;
 
     /// A process of another parent (a `sh` that reaps it), in a group of its own as the
     /// factory's daemons are, and the `sh`.
     fn grandchild(cmd: &str) -> (std::process::Child, i32) {
         crate::process::spawn_grandchild(&format!("setsid {cmd}"))
-    }
-
-    /// A child killed and reaped when dropped, also when the test fails.
-    struct Killed(std::process::Child);
-
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 
     /// A stand-in for a VM's process: `tail -f` of a file in its run directory, as a
@@ -235,7 +220,7 @@ mod tests {
         let helper_proc = Grandchild::start(&tail, &marker);
         let (vmm, helper) = (vmm_proc.pid, helper_proc.pid);
         // A helper that ended, its pid given to a stranger since.
-        let stranger = Killed(
+        let stranger = KilledOnDrop(
             std::process::Command::new("sleep")
                 .arg("100")
                 .spawn()

@@ -109,6 +109,15 @@ pub fn mentions(pid: i32, needle: &str) -> bool {
     pid > 0 && cmdline(pid).is_some_and(|args| args.iter().any(|a| a.contains(needle)))
 }
 
+/// Splits recorded `pids` by [`mentions`]: those whose process still names `needle`, and
+/// those that run another program now (strangers, for the caller to log); pids whose
+/// process is gone are in neither.
+pub fn ours_and_strangers(pids: &[i32], needle: &str) -> (Vec<i32>, Vec<i32>) {
+    let (ours, others): (Vec<i32>, Vec<i32>) = pids.iter().partition(|&&pid| mentions(pid, needle));
+    let strangers = others.into_iter().filter(|&pid| is_running(pid)).collect();
+    (ours, strangers)
+}
+
 /// Every process, by the numbered entries of `/proc`; None when `/proc` cannot be read.
 pub fn all() -> Option<Vec<i32>> {
     let entries = std::fs::read_dir("/proc").ok()?;
@@ -206,6 +215,11 @@ mod tests {
         assert!(mentions(pid, "100"));
         assert!(!mentions(pid, "/run/vc/vm/"));
         assert!(pids_mentioning("1000").contains(&pid));
+        let me = std::process::id() as i32;
+        assert_eq!(
+            ours_and_strangers(&[pid, me, 0], "sleep"),
+            (vec![pid], vec![me])
+        );
         child.kill().expect("kill sleep");
         child.wait().expect("reap sleep");
         // Gone: it mentions nothing any more.

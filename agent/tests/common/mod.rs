@@ -218,6 +218,14 @@ impl TestAgent {
         self.client.remove_container(ctx(), &req).await
     }
 
+    /// Sends `signal` to the init process of container `id`.
+    pub async fn signal(&self, id: &str, signal: u32) -> ttrpc::Result<Empty> {
+        let mut req = SignalProcessRequest::new();
+        req.container_id = id.into();
+        req.signal = signal;
+        self.client.signal_process(ctx(), &req).await
+    }
+
     pub async fn wait(&self, id: &str, exec_id: &str) -> i32 {
         let mut req = ProcessRequest::new();
         req.container_id = id.into();

@@ -54,6 +54,19 @@ fn signal_with_group(pid: i32, sig: Signal) {
     }
     let _ = kill(Pid::from_raw(pid), sig);
 }
+/// For tests: a child that is killed and reaped when this is dropped, also when the test
+/// fails.
+#[cfg(any(test, feature = "test-utils"))]
+pub struct KilledOnDrop(pub std::process::Child);
+
+#[cfg(any(test, feature = "test-utils"))]
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// For tests: runs shell command `cmd` in the background of a `sh` that reaps it, so
 /// that it is not the caller's child (as a pooled VM's processes are not the shim's);
 /// the `sh` (to wait for) and the pid `cmd` got.

@@ -13,12 +13,12 @@ mod tests;
 
 use std::time::Duration;
 
-#[cfg(any(test, feature = "test-utils"))]
-pub use lifecycle::spawn_grandchild;
 pub use lifecycle::{kill_and_reap, log_tail};
 pub(crate) use lifecycle::{
     kill_and_reap_async, live_helpers, remove_files, stop_started, RunningVm, STOP_GRACE,
 };
+#[cfg(any(test, feature = "test-utils"))]
+pub use lifecycle::{spawn_grandchild, KilledOnDrop};
 pub(crate) use procinfo::pid::exit_description;
 pub(crate) use ready::{wait_for_sockets, Wait};
 pub use spawn::{join_file, Daemon, Place, MAX_PASSED_FDS, PASSED_FD_SCRATCH};

@@ -54,9 +54,9 @@ pub(super) async fn stop_vm(vm: &mut dyn Hypervisor, state: &mut SandboxState, l
 /// Unmounts, kills and removes everything `state` records. Used after a failed create,
 /// at sandbox teardown, and by `delete` after a crashed shim.
 pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
-    let mut pids: Vec<i32> = state.helper_pids.clone();
+    let mut recorded: Vec<i32> = state.helper_pids.clone();
     if state.vmm_pid > 0 {
-        pids.insert(0, state.vmm_pid);
+        recorded.insert(0, state.vmm_pid);
     }
     // A shim killed while the VM started had no time to record their pids; they all
     // name the sandbox's run directory.
@@ -64,14 +64,11 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // A recorded pid whose process has ended since (a VMM that crashed with its shim) may
     // have been given to a stranger by now: only a process that still names the sandbox's
     // run directory is stopped.
-    pids.retain(|&pid| {
-        let ours = procinfo::pid::mentions(pid, &run_dir);
-        if !ours && procinfo::pid::is_running(pid) {
-            warn!(log, "a pid the sandbox recorded runs another program now; leaving it alone";
-                "pid" => pid);
-        }
-        ours
-    });
+    let (mut pids, strangers) = procinfo::pid::ours_and_strangers(&recorded, &run_dir);
+    if !strangers.is_empty() {
+        warn!(log, "pids the sandbox recorded run other programs now; leaving them alone";
+            "pids" => format!("{strangers:?}"));
+    }
     for pid in procinfo::pid::pids_mentioning(&run_dir) {
         if !pids.contains(&pid) {
             warn!(log, "stopping a process of the sandbox that was not recorded"; "pid" => pid);
@@ -81,7 +78,14 @@ pub async fn cleanup_host(state: &SandboxState, log: &Logger) {
     // First, while the VMM may still hold the pod's network namespace open: containerd
     // may have removed its path already.
     if let Some(net) = &state.network {
-        if let Err(e) = network::teardown(net, state.vmm_pid).await {
+        // Through the VMM's pid only while it still is the VMM's: a stranger's namespace
+        // is not the pod's.
+        let vmm_pid = if pids.contains(&state.vmm_pid) {
+            state.vmm_pid
+        } else {
+            0
+        };
+        if let Err(e) = network::teardown(net, vmm_pid).await {
             warn!(log, "undoing the pod's network wiring"; "error" => %e);
         }
     }
@@ -137,19 +141,10 @@ pub(super) fn mkdir(path: &Path) -> Result<(), SandboxError> {
 
 #[cfg(test)]
 mod tests {
-    use std::process::{Child, Command};
+    use std::process::Command;
 
     use super::*;
-
-    /// A child killed and reaped when dropped, also when the test fails.
-    struct Killed(Child);
-
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    use hypervisor::process::KilledOnDrop;
 
     /// `delete` after a crashed shim reads pids from persist.json. The process of one of
     /// them ended long ago and its number went to a stranger: that stranger runs on, while
@@ -161,7 +156,7 @@ mod tests {
         std::fs::create_dir_all(&run_dir).unwrap();
         let console = run_dir.join("console.log");
         std::fs::write(&console, "").unwrap();
-        let vmm = Killed(
+        let vmm = KilledOnDrop(
             Command::new("tail")
                 .arg("-f")
                 .arg(&console)
@@ -182,7 +177,7 @@ mod tests {
             procinfo::pid::mentions(vmm_pid, &marker),
             "the VMM's stand-in did not start"
         );
-        let mut stranger = Killed(Command::new("sleep").arg("100").spawn().unwrap());
+        let mut stranger = KilledOnDrop(Command::new("sleep").arg("100").spawn().unwrap());
         let state = SandboxState {
             sandbox_id: id.clone(),
             vmm_pid,
