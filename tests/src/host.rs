@@ -458,6 +458,43 @@ fn cgroup_count() -> usize {
         .sum()
 }
 
+/// Each thread of process `pid`: its name, state and what it waits in (`wchan`), for a
+/// failure's message when a daemon stops answering.
+pub fn thread_states(pid: i32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} is gone");
+    };
+    let mut lines: Vec<String> = tasks
+        .flatten()
+        .map(|t| {
+            let read = |f: &str| {
+                std::fs::read_to_string(t.path().join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            // stat: "tid (comm) S ...": the state follows the last ')'.
+            let stat = read("stat");
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            format!(
+                "{} {} {state} {}",
+                t.file_name().to_string_lossy(),
+                read("comm"),
+                read("wchan")
+            )
+        })
+        .collect();
+    lines.sort();
+    format!(
+        "threads of {pid} (tid name state wchan):\n{}",
+        lines.join("\n")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ mod loop_device;
 mod pool;
 mod probe;
 mod runtime_config;
+mod shim_log;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -29,6 +30,7 @@ pub use loop_device::{fds_open_on, LoopDevice};
 pub use pool::*;
 pub use probe::StaticProbe;
 pub use runtime_config::{toml_str, Backend, RuntimeConfig};
+pub use shim_log::ShimLog;
 
 pub const IMAGE: &str = "docker.io/library/busybox:latest";
 pub const RUNTIME: &str = "io.containerd.kata.v2";

@@ -152,6 +152,8 @@ struct Bundle {
     address: String,
     /// Stands in for containerd's ttrpc socket (events): accepted, never answered.
     _events: std::os::unix::net::UnixListener,
+    /// The shim's log, read from the bundle's `log` fifo as containerd reads it.
+    log: ShimLog,
 }
 
 impl Bundle {
@@ -181,12 +183,19 @@ impl Bundle {
         let address = format!("{}/containerd.sock", dir.path().display());
         let events = std::os::unix::net::UnixListener::bind(format!("{address}.ttrpc"))
             .expect("binding the stand-in for containerd's ttrpc socket");
+        let log = ShimLog::open(&dir.path().join("log"));
         Bundle {
             dir,
             id: id.to_string(),
             address,
             _events: events,
+            log,
         }
+    }
+
+    /// The end of what the shim logged, for a failure's message.
+    fn log_tail(&self) -> String {
+        self.log.tail(40)
     }
 
     fn cgroup(&self) -> String {
@@ -275,7 +284,16 @@ fn a_create_whose_caller_hangs_up_finishes_and_a_returning_client_removes_it() {
                 ..Default::default()
             },
         )
-        .unwrap_or_else(|e| panic!("state after the caller hung up: {e}"));
+        .unwrap_or_else(|e| {
+            panic!(
+                "state after the caller hung up: {e}\n{:?}\n{}\n{}",
+                sandbox_processes(&b.id),
+                pid_of(&b.id, Part::Shim)
+                    .map(thread_states)
+                    .unwrap_or_default(),
+                b.log_tail()
+            )
+        });
     assert_eq!(
         state.status.enum_value_or_default(),
         containerd_shim_protos::api::Status::CREATED,
@@ -283,8 +301,9 @@ fn a_create_whose_caller_hangs_up_finishes_and_a_returning_client_removes_it() {
     );
     assert!(
         pid_of(&b.id, Part::Vmm).is_some(),
-        "no VM: {:?}",
-        sandbox_processes(&b.id)
+        "no VM: {:?}\n{}",
+        sandbox_processes(&b.id),
+        b.log_tail()
     );
     c.kill(
         ttrpc_ctx(),
@@ -294,7 +313,7 @@ fn a_create_whose_caller_hangs_up_finishes_and_a_returning_client_removes_it() {
             ..Default::default()
         },
     )
-    .expect("kill");
+    .unwrap_or_else(|e| panic!("kill: {e}\n{}", b.log_tail()));
     c.delete(
         ttrpc_ctx(),
         &DeleteRequest {
@@ -302,7 +321,7 @@ fn a_create_whose_caller_hangs_up_finishes_and_a_returning_client_removes_it() {
             ..Default::default()
         },
     )
-    .expect("delete");
+    .unwrap_or_else(|e| panic!("delete: {e}\n{}", b.log_tail()));
     let _ = c.shutdown(ttrpc_ctx(), &ShutdownRequest::default());
     assert_nothing_left(&b.id, Some(&b.cgroup()));
 }
@@ -325,8 +344,9 @@ fn a_shim_nobody_comes_back_to_ends_on_its_own() {
             Part::Vmm
         ))
         .is_some(),
-        "the cut-short create booted no VM: {:?}",
-        sandbox_processes(&cut.id)
+        "the cut-short create booted no VM: {:?}\n{}",
+        sandbox_processes(&cut.id),
+        cut.log_tail()
     );
     for (b, what) in [(&idle, "no task"), (&cut, "abandoned create")] {
         let ended = poll(UNREACHED_END, Duration::from_millis(500), || {
@@ -334,10 +354,11 @@ fn a_shim_nobody_comes_back_to_ends_on_its_own() {
         });
         assert!(
             ended.is_some(),
-            "{}: the shim ({what}) still runs {}s after its start: {:?}",
+            "{}: the shim ({what}) still runs {}s after its start: {:?}\n{}",
             b.id,
             t0.elapsed().as_secs(),
-            sandbox_processes(&b.id)
+            sandbox_processes(&b.id),
+            b.log_tail()
         );
         eprintln!(
             "{}: ({what}) ended {:.1}s after start",

@@ -2,6 +2,7 @@
 //! booted for it, and the guest reached ([`connect_guest`], which the adoption of a
 //! pooled VM shares).
 
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use crate::persist::{self, SandboxState};
 use crate::spec::SandboxSpec;
 use crate::watchdog::{self, Watched};
 use agent_client::{Agent, AgentError, KataAgent};
+use futures::FutureExt;
 
 /// Reaches the agent of a VM that runs, booted now or claimed from the pool (`info`), and
 /// makes the guest the pod's: `request` (hostname, network) with fresh entropy. Fails
@@ -58,6 +60,15 @@ pub(super) async fn connect_guest(
         .await
         .map_err(SandboxError::Guest)?;
     Ok(agent)
+}
+
+/// What a panic said, from its payload.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Why a sandbox could not be launched.
@@ -121,8 +132,20 @@ impl Sandbox {
             vm: None,
             host_cgroup: cgroup::HostCgroup::default(),
         };
-        let booted =
-            Self::create_steps(id, cfg, spec, log, &shared, &run_dir, &mut progress, t0).await;
+        // A panic on the way is a bug, but it must not leave a VM without a sandbox.
+        let booted = AssertUnwindSafe(Self::create_steps(
+            id,
+            cfg,
+            spec,
+            log,
+            &shared,
+            &run_dir,
+            &mut progress,
+            t0,
+        ))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(SandboxError::Panicked(panic_text(panic.as_ref()))));
         let (agent, info, watched) = match booted {
             Ok(up) => up,
             Err(e) => {

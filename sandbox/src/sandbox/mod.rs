@@ -70,6 +70,9 @@ pub enum SandboxError {
     Guest(AgentError),
     #[error("reading random bytes for the guest from the host kernel: {0}")]
     Entropy(std::io::Error),
+    /// A bug: the boot panicked. What it had made is undone all the same.
+    #[error("the boot stopped on a bug ({0}); what it had made on the host is undone; report it with the shim's log")]
+    Panicked(String),
 }
 
 pub struct Sandbox {

@@ -32,6 +32,22 @@ struct Parsed {
     stdio: StdioPaths,
 }
 
+/// Container `id`'s create, registered in `creating` while it is under way. Its end,
+/// however it comes (done, failed, or the create's task panicked), lets the requests
+/// about `id` that wait for it (`Inner::settled`) answer; a create that never ended would
+/// hold them, and keep the daemon up, for ever.
+struct Creating {
+    inner: Arc<Inner>,
+    id: String,
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        self.inner.lock().creating.remove(&self.id);
+        self.inner.settled.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
 impl Inner {
     pub(super) async fn create_container(self: &Arc<Self>, req: &CreateTaskRequest) -> Result<u32> {
         let t0 = Instant::now();
@@ -40,7 +56,7 @@ impl Inner {
         }
         let parsed = self.parse(req)?;
         // Registered first: a sandbox with a create in flight is not ended under it.
-        let booting = {
+        let (creating, booting) = {
             let mut st = self.lock();
             if st.containers.contains_key(&req.id) || !st.creating.insert(req.id.clone()) {
                 return Err(status(
@@ -48,7 +64,11 @@ impl Inner {
                     format!("container {} already exists", req.id),
                 ));
             }
-            st.sandbox.is_none()
+            let creating = Creating {
+                inner: self.clone(),
+                id: req.id.clone(),
+            };
+            (creating, st.sandbox.is_none())
         };
         // Only a sandbox's boot (or a wait for one in progress, or for its end) takes the
         // lifecycle lock: a container created in a running sandbox neither waits for nor
@@ -68,9 +88,7 @@ impl Inner {
         } else {
             self.create_locked(req, &parsed).await
         };
-        self.lock().creating.remove(&req.id);
-        // Requests about this id that waited for the create answer now.
-        self.settled.send_modify(|n| *n = n.wrapping_add(1));
+        drop(creating);
         let pid = result.map_err(|e| self.full_disk_context(e, &parsed.bundle))?;
         info!(self.log, "phase: container created"; "phase" => "container created", "elapsed_ms" => t0.elapsed().as_millis() as u64, "container" => &req.id);
         if req.id == self.sandbox_id {

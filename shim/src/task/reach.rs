@@ -219,15 +219,19 @@ where
         }
         result
     });
-    let result = handle
-        .await
-        .map_err(|e| failed(format!("{rpc} did not finish: {e}")));
+    let result = handle.await.map_err(|e| {
+        // A bug: said loudly, where containerd keeps the shim's log.
+        error!(inner.log, "a request's work did not finish"; "rpc" => rpc, "error" => %e);
+        failed(format!(
+            "{rpc} did not finish: {e}; the shim's log (in containerd's) has the details"
+        ))
+    });
     caller.answered = true;
     result?
 }
 
 impl Inner {
-    fn tasks(&self) -> Tasks {
+    pub(super) fn tasks(&self) -> Tasks {
         let st = self.lock();
         if st.sandbox.is_none() && st.is_empty() {
             return Tasks::None;

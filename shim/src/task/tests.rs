@@ -35,6 +35,8 @@ struct FakeLauncher {
     sandbox: std::sync::Mutex<Option<Arc<Sandbox>>>,
     /// The sandboxes' host cgroup directories (test trees of cgroup files).
     cgroup: Vec<PathBuf>,
+    /// The next launch panics (a bug in the boot).
+    panic_once: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -48,6 +50,9 @@ impl Launcher for FakeLauncher {
     ) -> Result<Arc<Sandbox>, LaunchError> {
         if let Some(gate) = &self.gate {
             gate.notified().await;
+        }
+        if self.panic_once.swap(false, Ordering::SeqCst) {
+            panic!("a bug in the boot");
         }
         self.launched.fetch_add(1, Ordering::SeqCst);
         let base = self.share.join(id);
@@ -102,6 +107,7 @@ fn fixture_in(gate: Option<Arc<Notify>>, cgroup: impl FnOnce(&Path) -> Vec<PathB
         launched: AtomicUsize::new(0),
         sandbox: Default::default(),
         cgroup: cgroup(dir.path()),
+        panic_once: Default::default(),
     });
     let svc = TaskService::new(
         SB,
@@ -600,4 +606,23 @@ async fn oom_events_are_published_only_for_the_sandboxs_own_containers() {
     let published = ooms();
     assert_eq!(published.len(), 1, "{published:?}");
     assert!(published[0].contains(SB), "{published:?}");
+}
+
+#[tokio::test]
+async fn a_create_whose_work_panicked_holds_nothing_up() {
+    let f = fixture(None);
+    f.launcher.panic_once.store(true, Ordering::SeqCst);
+    let err = f.create(SB).await.unwrap_err();
+    assert_eq!(code(&err), Code::INTERNAL, "{err}");
+    assert!(err.to_string().contains("create did not finish"), "{err}");
+    // A request about it answers from what is there (nothing) instead of waiting for a
+    // create that will never end, and the daemon is not kept up by it.
+    let state = tokio::time::timeout(Duration::from_secs(5), f.state(SB, ""))
+        .await
+        .expect("State answered");
+    assert_eq!(code(&state.unwrap_err()), Code::NOT_FOUND);
+    assert_eq!(f.svc.inner.tasks(), super::reach::Tasks::None);
+    // containerd's retry creates it.
+    f.create(SB).await.unwrap();
+    assert_eq!(f.state(SB, "").await.unwrap().status(), Status::CREATED);
 }
