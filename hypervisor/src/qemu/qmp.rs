@@ -79,9 +79,8 @@ impl QmpSession {
             socket: name.clone(),
             source,
         };
-        let stream = std::os::unix::net::UnixStream::connect(socket).map_err(io)?;
+        let stream = connect_within(socket, timeout).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let reader = std::io::BufReader::new(stream.try_clone().map_err(io)?);
         let mut session = QmpSession {
             socket: name.clone(),
@@ -216,4 +215,104 @@ impl QmpSession {
 /// A message, cut short for an error.
 fn short(v: &serde_json::Value) -> String {
     v.to_string().chars().take(200).collect()
+}
+
+/// Connects to `socket`, waiting at most `timeout` for a place in its queue. A QEMU that
+/// does not accept (its monitor busy with another client, or QEMU taken over by its
+/// guest) leaves a plain blocking connect waiting for ever once the listen queue is full.
+/// The socket's send timeout, set before the connect, bounds that wait too (Linux's
+/// `unix_stream_connect` waits for room by it), and then every write of the session.
+fn connect_within(
+    socket: &Path,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let fd = sock::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    stream.set_write_timeout(Some(timeout))?;
+    let addr = UnixAddr::new(socket)?;
+    match sock::connect(stream.as_raw_fd(), &addr) {
+        Ok(()) => Ok(stream),
+        Err(nix::errno::Errno::EAGAIN) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("QEMU did not take the connection within {timeout:?}"),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_monitor_that_never_accepts_fails_the_connect_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        // Listening with the smallest queue and never accepting, as QEMU's monitor does
+        // while another client holds it: the queue fills, then a connect has to wait.
+        let listener = sock_listener(&path);
+        // In a thread: a connect that waits for ever fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut queued = Vec::new();
+            let err = loop {
+                match connect_within(&path, Duration::from_millis(300)) {
+                    Ok(s) => queued.push(s),
+                    Err(e) => break e,
+                }
+                if queued.len() >= 64 {
+                    break std::io::Error::other("the listen queue never filled");
+                }
+            };
+            let _ = tx.send(err);
+        });
+        let err = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a connect to a full queue returned");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(
+            err.to_string().contains("did not take the connection"),
+            "{err}"
+        );
+        drop(listener);
+        // A monitor that accepts: the session is greeted as QEMU greets it.
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("ok.sock")).unwrap();
+        let server = std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let (mut c, _) = listener.accept().unwrap();
+            c.write_all(b"{\"QMP\": {\"version\": {}}}\n").unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(c.try_clone().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert!(line.contains("qmp_capabilities"), "{line}");
+            c.write_all(b"{\"return\": {}}\n").unwrap();
+        });
+        QmpSession::connect(&dir.path().join("ok.sock"), Duration::from_secs(5)).unwrap();
+        server.join().unwrap();
+    }
+
+    /// A unix socket listening at `path` with a queue of one.
+    fn sock_listener(path: &Path) -> std::os::fd::OwnedFd {
+        use nix::sys::socket::{self as sock, AddressFamily, Backlog, SockFlag, SockType};
+        use std::os::fd::AsRawFd;
+        let fd = sock::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        sock::bind(fd.as_raw_fd(), &sock::UnixAddr::new(path).unwrap()).unwrap();
+        sock::listen(&fd, Backlog::new(1).unwrap()).unwrap();
+        fd
+    }
 }
