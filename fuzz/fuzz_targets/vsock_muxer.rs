@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use arbitrary::Arbitrary;
 use kata_fuzz::{guest_memory, scratch_dir, RawDesc, Ring};
 use libfuzzer_sys::fuzz_target;
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_WRITE};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::vsock::packet::{PacketHeader, HDR_SIZE, MAX_PKT_PAYLOAD, OP_RW, TYPE_STREAM};
 use vmm::vsock::{VsockMuxer, HOST_CID};
@@ -118,6 +119,27 @@ struct Harness {
     next_rx: u16,
     /// Size of the buffer each rx descriptor index was offered with.
     rx_sizes: Vec<u32>,
+    /// Whether the device may have written over the harness's own rings or rx slots since
+    /// the last reset: a raw rx chain may name that memory (directly, or through an
+    /// indirect table of whatever memory holds), and what the harness reads back then is
+    /// the driver's own doing, not the device's.
+    clobbered: bool,
+}
+
+/// The memory the harness reads back: the rings and the rx slots.
+const HARNESS_MEMORY: [(u64, u64); 2] = [(0, 0x2000), (RX_BUFS, RX_BUFS + QSIZE as u64 * SLOT)];
+
+/// Whether the device may write into [`HARNESS_MEMORY`] through raw descriptor `d`.
+fn may_clobber(d: &RawDesc) -> bool {
+    let (addr, len, flags, _) = d.resolve(QSIZE);
+    if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
+        return true;
+    }
+    let end = addr.saturating_add(u64::from(len));
+    flags & VRING_DESC_F_WRITE as u16 != 0
+        && HARNESS_MEMORY
+            .iter()
+            .any(|&(start, stop)| addr < stop && start < end)
 }
 
 impl Harness {
@@ -149,6 +171,7 @@ impl Harness {
             next_tx: 0,
             next_rx: 0,
             rx_sizes: vec![0; usize::from(QSIZE)],
+            clobbered: false,
         })
     }
 
@@ -196,6 +219,9 @@ impl Harness {
             (&mut self.tx, &mut self.next_tx)
         };
         let head = *next;
+        if rx && descs.iter().take(8).any(may_clobber) {
+            self.clobbered = true;
+        }
         for d in descs.iter().take(8) {
             let (addr, len, flags, nxt) = d.resolve(QSIZE);
             ring.set_desc(&self.mem, *next, addr, len, flags, nxt);
@@ -235,6 +261,9 @@ impl Harness {
     fn kick_rx(&mut self) {
         let _ = self.muxer.process_rx(&mut self.rx_queue, &self.mem);
         let used = self.rx.take_used(&self.mem);
+        if self.clobbered {
+            return;
+        }
         for (k, &(id, len)) in used.iter().enumerate() {
             assert!(id < u32::from(QSIZE), "used id {id} out of the queue");
             if len == 0 {
@@ -340,6 +369,7 @@ impl Harness {
                 let _ = self.mem.write_slice(&[0u8; 0x2000], GuestAddress(0));
                 self.next_tx = 0;
                 self.next_rx = 0;
+                self.clobbered = false;
             }
         }
     }
